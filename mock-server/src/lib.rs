@@ -1,0 +1,2 @@
+//! Placeholder; see issue [mock-server].
+//! A faithful Volcano lock service mock.

@@ -1,0 +1,329 @@
+//! `Client`, its builder, and configuration from the environment.
+
+use std::fmt;
+use std::net::IpAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use reqwest::header::HeaderValue;
+
+use crate::error::{Error, Result};
+use crate::locks::Locks;
+use crate::transport::Transport;
+
+/// The production API URL.
+pub const DEFAULT_API_URL: &str = "https://api.volcano.dev";
+/// Default per-request timeout.
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// Environment variable holding the anon key.
+pub const ENV_ANON_KEY: &str = "VOLCANO_ANON_KEY";
+/// Environment variable holding the service-role key.
+pub const ENV_SERVICE_KEY: &str = "VOLCANO_SERVICE_KEY";
+/// Environment variable holding the API URL.
+pub const ENV_API_URL: &str = "VOLCANO_API_URL";
+
+/// A Volcano API client. Build once, clone freely: clones share one
+/// connection pool and configuration.
+///
+/// ```no_run
+/// # fn main() -> Result<(), volcano::Error> {
+/// let client = volcano::Client::builder()
+///     .anon_key("anon-key")
+///     .service_key("service-key")
+///     .build()?;
+/// let locks = client.locks();
+/// # let _ = locks; Ok(()) }
+/// ```
+#[derive(Clone)]
+pub struct Client {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    transport: Transport,
+    /// Required at construction, as in the other SDKs; lock calls never send it.
+    #[allow(dead_code)]
+    anon_key: String,
+}
+
+impl Client {
+    /// Starts configuring a client.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), volcano::Error> {
+    /// use std::time::Duration;
+    /// let client = volcano::Client::builder()
+    ///     .anon_key("anon-key")
+    ///     .service_key("service-key")
+    ///     .api_url("https://api.volcano.dev")
+    ///     .timeout(Duration::from_secs(10))
+    ///     .build()?;
+    /// # let _ = client; Ok(()) }
+    /// ```
+    pub fn builder() -> ClientBuilder {
+        ClientBuilder::default()
+    }
+
+    /// Builds a client from `VOLCANO_ANON_KEY`, `VOLCANO_SERVICE_KEY` and
+    /// `VOLCANO_API_URL` (default `https://api.volcano.dev`). Empty variables
+    /// count as unset.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), volcano::Error> {
+    /// let client = volcano::Client::from_env()?;
+    /// # let _ = client; Ok(()) }
+    /// ```
+    pub fn from_env() -> Result<Client> {
+        Self::from_lookup(|name| std::env::var(name).ok())
+    }
+
+    pub(crate) fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Client> {
+        let get = |name: &str| lookup(name).filter(|v| !v.is_empty());
+        let mut builder = Client::builder();
+        match get(ENV_ANON_KEY) {
+            Some(anon) => builder = builder.anon_key(anon),
+            None => return Err(Error::invalid(format!("{ENV_ANON_KEY} is not set"))),
+        }
+        if let Some(key) = get(ENV_SERVICE_KEY) {
+            builder = builder.service_key(key);
+        }
+        if let Some(url) = get(ENV_API_URL) {
+            builder = builder.api_url(url);
+        }
+        builder.build()
+    }
+
+    /// The lock API of this client.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: volcano::Client) -> Result<(), volcano::Error> {
+    /// let state = client.locks().get("nightly-report").await?;
+    /// println!("held: {}", state.held());
+    /// # Ok(()) }
+    /// ```
+    pub fn locks(&self) -> Locks {
+        Locks::new(self.clone())
+    }
+
+    /// The API URL requests go to (without a trailing `/`).
+    pub fn api_url(&self) -> &str {
+        self.inner.transport.base_url()
+    }
+
+    /// The per-request timeout.
+    pub fn timeout(&self) -> Duration {
+        self.inner.transport.timeout()
+    }
+
+    pub(crate) fn transport(&self) -> &Transport {
+        &self.inner.transport
+    }
+}
+
+impl fmt::Debug for Client {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let transport = &self.inner.transport;
+        f.debug_struct("Client")
+            .field("api_url", &transport.base_url())
+            .field("timeout", &transport.timeout())
+            .field("anon_key", &"[redacted]")
+            .field(
+                "service_key",
+                &if transport.has_service_key() {
+                    "[redacted]"
+                } else {
+                    "[none]"
+                },
+            )
+            .finish()
+    }
+}
+
+/// Configures a [`Client`]; see [`Client::builder`].
+#[derive(Clone, Default)]
+pub struct ClientBuilder {
+    anon_key: Option<String>,
+    service_key: Option<String>,
+    api_url: Option<String>,
+    timeout: Option<Duration>,
+    allow_insecure_http: bool,
+}
+
+impl ClientBuilder {
+    /// The project's anon key (required, as in the other SDKs; lock calls do
+    /// not send it).
+    pub fn anon_key(mut self, key: impl Into<String>) -> Self {
+        self.anon_key = Some(key.into());
+        self
+    }
+
+    /// The service-role key every lock call needs.
+    pub fn service_key(mut self, key: impl Into<String>) -> Self {
+        self.service_key = Some(key.into());
+        self
+    }
+
+    /// The API URL; default `https://api.volcano.dev`. A path prefix is kept
+    /// and one trailing `/` is dropped.
+    pub fn api_url(mut self, url: impl Into<String>) -> Self {
+        self.api_url = Some(url.into());
+        self
+    }
+
+    /// Per-request timeout (default 60 s).
+    pub fn timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = Some(timeout);
+        self
+    }
+
+    /// Allows an `http://` API URL on a non-loopback host. Off by default:
+    /// the service key must not cross a network in clear text.
+    pub fn allow_insecure_http(mut self, allow: bool) -> Self {
+        self.allow_insecure_http = allow;
+        self
+    }
+
+    /// Checks the configuration and builds the client.
+    pub fn build(self) -> Result<Client> {
+        let anon_key = self
+            .anon_key
+            .filter(|k| !k.is_empty())
+            .ok_or_else(|| Error::invalid("anon_key is required"))?;
+        let timeout = self.timeout.unwrap_or(DEFAULT_TIMEOUT);
+        if timeout.is_zero() {
+            return Err(Error::invalid("timeout must be greater than zero"));
+        }
+        let base_url = check_api_url(
+            self.api_url.as_deref().unwrap_or(DEFAULT_API_URL),
+            self.allow_insecure_http,
+        )?;
+        let auth = match self.service_key {
+            None => None,
+            Some(key) if key.is_empty() => {
+                return Err(Error::invalid("service_key must not be empty"))
+            }
+            Some(key) => {
+                let mut value = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
+                    Error::invalid("service_key contains characters not allowed in a header")
+                })?;
+                value.set_sensitive(true);
+                Some(value)
+            }
+        };
+        Ok(Client {
+            inner: Arc::new(Inner {
+                transport: Transport::new(base_url, auth, timeout)?,
+                anon_key,
+            }),
+        })
+    }
+}
+
+impl fmt::Debug for ClientBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let redact = |v: &Option<String>| v.as_ref().map(|_| "[redacted]");
+        f.debug_struct("ClientBuilder")
+            .field("anon_key", &redact(&self.anon_key))
+            .field("service_key", &redact(&self.service_key))
+            .field("api_url", &self.api_url)
+            .field("timeout", &self.timeout)
+            .field("allow_insecure_http", &self.allow_insecure_http)
+            .finish()
+    }
+}
+
+/// Validates the API URL and returns it without one trailing `/`.
+fn check_api_url(raw: &str, allow_insecure_http: bool) -> Result<String> {
+    let url = reqwest::Url::parse(raw)
+        .map_err(|e| Error::invalid(format!("api_url {raw:?} is not a valid URL: {e}")))?;
+    if !url.username().is_empty() || url.password().is_some() {
+        return Err(Error::invalid(
+            "api_url must not contain credentials; use service_key",
+        ));
+    }
+    if url.query().is_some() || url.fragment().is_some() {
+        return Err(Error::invalid(format!(
+            "api_url {raw:?} must not have a query or fragment"
+        )));
+    }
+    match url.scheme() {
+        "https" => {}
+        "http" if allow_insecure_http || is_loopback(&url) => {}
+        "http" => {
+            return Err(Error::invalid(format!(
+                "api_url {raw:?} uses http:// on a non-loopback host, which would send the \
+                 service key in clear text; use https:// or allow_insecure_http(true)"
+            )))
+        }
+        other => {
+            return Err(Error::invalid(format!(
+                "api_url scheme {other:?} is not supported; use https://"
+            )))
+        }
+    }
+    let text = raw.trim();
+    Ok(text.strip_suffix('/').unwrap_or(text).to_owned())
+}
+
+fn is_loopback(url: &reqwest::Url) -> bool {
+    match url.host() {
+        Some(url::Host::Domain(domain)) => domain.eq_ignore_ascii_case("localhost"),
+        Some(url::Host::Ipv4(ip)) => IpAddr::V4(ip).is_loopback(),
+        Some(url::Host::Ipv6(ip)) => IpAddr::V6(ip).is_loopback(),
+        None => false,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn api_url_rules() {
+        let ok = |u: &str| check_api_url(u, false).unwrap();
+        assert_eq!(ok("https://h:8443/pfx/"), "https://h:8443/pfx");
+        assert_eq!(ok("https://h:8443/pfx"), "https://h:8443/pfx");
+        assert_eq!(ok("https://api.volcano.dev/"), "https://api.volcano.dev");
+        assert_eq!(ok("http://127.0.0.1:8000"), "http://127.0.0.1:8000");
+        assert_eq!(ok("http://127.9.9.9:8000"), "http://127.9.9.9:8000");
+        assert_eq!(ok("http://[::1]:8000/"), "http://[::1]:8000");
+        assert_eq!(ok("http://LOCALHOST:8000"), "http://LOCALHOST:8000");
+        for bad in [
+            "http://example.com",
+            "http://10.0.0.1:8000",
+            "ftp://example.com",
+            "not a url",
+            "https://user:pw@example.com",
+            "https://example.com/?q=1",
+        ] {
+            assert!(
+                matches!(check_api_url(bad, false), Err(Error::InvalidArgument(_))),
+                "{bad}"
+            );
+        }
+        assert!(check_api_url("http://example.com", true).is_ok());
+    }
+
+    #[test]
+    fn from_lookup_requires_anon_key_and_reads_all_three() {
+        let err = Client::from_lookup(|_| None).unwrap_err();
+        assert!(err.to_string().contains(ENV_ANON_KEY), "{err}");
+        let client = Client::from_lookup(|name| match name {
+            ENV_ANON_KEY => Some("anon".into()),
+            ENV_SERVICE_KEY => Some("svc".into()),
+            ENV_API_URL => Some("http://127.0.0.1:9/".into()),
+            _ => None,
+        })
+        .unwrap();
+        assert_eq!(client.api_url(), "http://127.0.0.1:9");
+        assert!(client.transport().has_service_key());
+        let client = Client::from_lookup(|name| match name {
+            ENV_ANON_KEY => Some("anon".into()),
+            _ => Some(String::new()),
+        })
+        .unwrap();
+        assert_eq!(client.api_url(), DEFAULT_API_URL);
+        assert!(!client.transport().has_service_key());
+    }
+}

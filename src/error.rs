@@ -1,0 +1,405 @@
+//! The one error type of the SDK, with predicates instead of string matching.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// `Result` with [`Error`] as the default error type.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in a lock call.
+///
+/// The variants tell apart four situations a caller handles differently:
+/// - nothing was sent ([`Error::InvalidArgument`], and
+///   [`Error::Authentication`] with `status() == None`);
+/// - the service answered with an error status (the variants carrying an
+///   [`ApiError`]);
+/// - the request was sent but its outcome is unknown ([`Error::Transport`]):
+///   an acquire or renew may have been applied, so recover by repeating it with
+///   the same ownership token;
+/// - the service answered with a success status but a body that breaks the
+///   contract ([`Error::InvalidResponse`]).
+///
+/// ```
+/// # async fn demo(locks: volcano::Locks) {
+/// use std::time::Duration;
+/// match locks.acquire("nightly-report", Duration::from_secs(30)).await {
+///     Ok(lease) => println!("fencing token {}", lease.fencing_token()),
+///     Err(err) if err.is_lock_held() => println!("someone else runs the report"),
+///     Err(err) => eprintln!("could not acquire: {err} (status {:?})", err.status()),
+/// }
+/// # }
+/// ```
+#[derive(Debug, thiserror::Error)]
+#[non_exhaustive]
+pub enum Error {
+    /// A key, ttl, token, request id or configuration value was rejected
+    /// locally; nothing was sent.
+    #[error("invalid argument: {0}")]
+    InvalidArgument(String),
+    /// HTTP 400 or 422: the service rejected the request as malformed.
+    #[error("request rejected as invalid ({0})")]
+    Validation(ApiError),
+    /// HTTP 401 or 403, or no service key configured (then `status()` is
+    /// `None` and nothing was sent).
+    #[error("not authorised ({0})")]
+    Authentication(ApiError),
+    /// HTTP 404.
+    #[error("not found ({0})")]
+    NotFound(ApiError),
+    /// HTTP 409: the lock is held by someone else (`is_lock_held()`), or this
+    /// caller's lease is gone (`is_ownership_lost()`).
+    #[error("lock conflict ({0})")]
+    Conflict(ApiError),
+    /// HTTP 429: the project's lock quota is used up; see `retry_after()`.
+    #[error("rate limited ({0})")]
+    RateLimited(ApiError),
+    /// HTTP 5xx. A 503 means the service could not decide ownership: do not
+    /// assume you hold the lock.
+    #[error("server error ({0})")]
+    Server(ApiError),
+    /// Any other status, including a success status other than the one the
+    /// operation expects, and redirects (which the SDK does not follow).
+    #[error("unexpected response ({0})")]
+    UnexpectedStatus(ApiError),
+    /// The request may or may not have reached the service: connection
+    /// failure, reset, or timeout.
+    #[error(transparent)]
+    Transport(TransportError),
+    /// A success status whose body breaks the published contract.
+    #[error(transparent)]
+    InvalidResponse(InvalidResponse),
+    /// A scoped lock (`with_lock`) lost ownership.
+    #[error(transparent)]
+    LockLost(LockLost),
+}
+
+impl Error {
+    /// The HTTP status the service answered with, if it answered.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            Error::InvalidResponse(e) => Some(e.status),
+            Error::LockLost(e) => e.cause().and_then(Error::status),
+            _ => self.api_error().and_then(|e| e.status),
+        }
+    }
+
+    /// The service's machine-readable error code (`lock_held`,
+    /// `lock_ownership_lost`, `lock_rate_limited`, `lock_service_unavailable`),
+    /// when the error body carried one.
+    pub fn code(&self) -> Option<&str> {
+        match self {
+            Error::LockLost(e) => e.cause().and_then(Error::code),
+            _ => self.api_error().and_then(|e| e.code.as_deref()),
+        }
+    }
+
+    /// How long the service asked the caller to wait (HTTP 429 `Retry-After`).
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.api_error().and_then(|e| e.retry_after)
+    }
+
+    /// The `X-Volcano-Request-Id` of the request that failed, for correlating
+    /// with the service's logs. `None` when nothing was sent.
+    pub fn request_id(&self) -> Option<&str> {
+        match self {
+            Error::Transport(e) => Some(&e.request_id),
+            Error::InvalidResponse(e) => Some(&e.request_id),
+            Error::LockLost(e) => e.cause().and_then(Error::request_id),
+            _ => self.api_error().and_then(|e| e.request_id.as_deref()),
+        }
+    }
+
+    /// True for `409 lock_held`: another live lease owns the key.
+    pub fn is_lock_held(&self) -> bool {
+        matches!(self, Error::Conflict(e) if e.code.as_deref() == Some(crate::CODE_LOCK_HELD))
+    }
+
+    /// True when this caller no longer owns the lease: `409
+    /// lock_ownership_lost`, or a [`Error::LockLost`] from a scoped lock.
+    /// Stop protected work.
+    pub fn is_ownership_lost(&self) -> bool {
+        match self {
+            Error::Conflict(e) => e.code.as_deref() == Some(crate::CODE_OWNERSHIP_LOST),
+            Error::LockLost(_) => true,
+            _ => false,
+        }
+    }
+
+    /// True when the request may have been applied by the service although no
+    /// answer arrived (connection failure or timeout).
+    pub fn is_transport(&self) -> bool {
+        matches!(self, Error::Transport(_))
+    }
+
+    /// The API error details, for the variants that carry them.
+    pub fn api_error(&self) -> Option<&ApiError> {
+        match self {
+            Error::Validation(e)
+            | Error::Authentication(e)
+            | Error::NotFound(e)
+            | Error::Conflict(e)
+            | Error::RateLimited(e)
+            | Error::Server(e)
+            | Error::UnexpectedStatus(e) => Some(e),
+            _ => None,
+        }
+    }
+
+    pub(crate) fn invalid(message: impl Into<String>) -> Self {
+        Error::InvalidArgument(message.into())
+    }
+
+    /// Maps an error status to its variant.
+    pub(crate) fn from_status(api: ApiError) -> Self {
+        match api.status {
+            Some(400 | 422) => Error::Validation(api),
+            Some(401 | 403) => Error::Authentication(api),
+            Some(404) => Error::NotFound(api),
+            Some(409) => Error::Conflict(api),
+            Some(429) => Error::RateLimited(api),
+            Some(500..=599) => Error::Server(api),
+            _ => Error::UnexpectedStatus(api),
+        }
+    }
+}
+
+/// What the service said about a failed request.
+#[derive(Clone, PartialEq, Eq)]
+pub struct ApiError {
+    pub(crate) status: Option<u16>,
+    pub(crate) code: Option<String>,
+    pub(crate) message: String,
+    pub(crate) request_id: Option<String>,
+    pub(crate) retry_after: Option<Duration>,
+}
+
+impl ApiError {
+    /// The HTTP status; `None` for an error raised locally (no service key).
+    pub fn status(&self) -> Option<u16> {
+        self.status
+    }
+
+    /// The machine-readable `code` of the error body, if any.
+    pub fn code(&self) -> Option<&str> {
+        self.code.as_deref()
+    }
+
+    /// The human-readable message: the body's `error` member, or a truncated
+    /// copy of a body that was not the JSON error envelope.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// The request id that was sent with the failed request.
+    pub fn request_id(&self) -> Option<&str> {
+        self.request_id.as_deref()
+    }
+
+    /// `Retry-After` of a 429, in whole seconds.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
+    }
+
+    pub(crate) fn local(message: &str) -> Self {
+        ApiError {
+            status: None,
+            code: None,
+            message: message.to_owned(),
+            request_id: None,
+            retry_after: None,
+        }
+    }
+}
+
+impl fmt::Display for ApiError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(status) = self.status {
+            write!(f, "HTTP {status}")?;
+            if let Some(code) = &self.code {
+                write!(f, " {code}")?;
+            }
+            f.write_str(": ")?;
+        }
+        f.write_str(&self.message)
+    }
+}
+
+impl fmt::Debug for ApiError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ApiError")
+            .field("status", &self.status)
+            .field("code", &self.code)
+            .field("message", &self.message)
+            .field("request_id", &self.request_id)
+            .field("retry_after", &self.retry_after)
+            .finish()
+    }
+}
+
+/// The request failed without a usable answer: it may or may not have been
+/// applied by the service.
+#[derive(Debug, thiserror::Error)]
+#[error("{kind}")]
+pub struct TransportError {
+    pub(crate) kind: TransportKind,
+    pub(crate) request_id: String,
+    #[source]
+    pub(crate) source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+impl TransportError {
+    /// True when the per-request timeout ran out.
+    pub fn is_timeout(&self) -> bool {
+        self.kind == TransportKind::Timeout
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TransportKind {
+    Connect,
+    Timeout,
+    Io,
+}
+
+impl fmt::Display for TransportKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            TransportKind::Connect => "could not connect to the lock service",
+            TransportKind::Timeout => "the lock request timed out; it may have been applied",
+            TransportKind::Io => "the connection failed mid-request; it may have been applied",
+        })
+    }
+}
+
+/// A success status with a body that breaks the published contract.
+#[derive(Debug, Clone, thiserror::Error)]
+#[error("invalid lock response: {reason}")]
+pub struct InvalidResponse {
+    pub(crate) reason: InvalidReason,
+    pub(crate) status: u16,
+    pub(crate) request_id: String,
+}
+
+impl InvalidResponse {
+    /// Which rule of the contract the body broke.
+    pub fn reason(&self) -> InvalidReason {
+        self.reason
+    }
+}
+
+/// The rule a response body broke.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum InvalidReason {
+    /// The body is not a JSON object.
+    NotAnObject,
+    /// `held` is missing or not a boolean.
+    HeldFlag,
+    /// `expires_at` is missing where required, or not an RFC 3339 timestamp.
+    Expiry,
+    /// `fencing_token` is missing where required, or not a 64-bit integer.
+    FencingToken,
+    /// The body is larger than the SDK reads.
+    TooLarge,
+}
+
+impl fmt::Display for InvalidReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            InvalidReason::NotAnObject => "body is not a JSON object",
+            InvalidReason::HeldFlag => "invalid lock held flag",
+            InvalidReason::Expiry => "invalid lock expiry",
+            InvalidReason::FencingToken => "invalid lock fencing token",
+            InvalidReason::TooLarge => "body too large",
+        })
+    }
+}
+
+/// Why a scoped lock stopped being owned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LostReason {
+    /// A renewal was rejected, or kept failing until no retry could arrive in
+    /// time; the cause is in [`LockLost::cause`].
+    RenewalFailed,
+    /// The local lease deadline passed before a renewal completed.
+    Expired,
+    /// A renewal succeeded but left no safe window (2 s or less) to renew again.
+    NoSafeWindow,
+    /// The protected code called `mark_lost`.
+    Marked,
+}
+
+/// Ownership of a scoped lock was lost. Stop protected work: another holder
+/// may already have the lock.
+#[derive(Debug, Clone)]
+pub struct LockLost {
+    pub(crate) key: String,
+    pub(crate) reason: LostReason,
+    pub(crate) detail: Option<String>,
+    pub(crate) cause: Option<Arc<Error>>,
+}
+
+impl LockLost {
+    /// Builds a loss record; used by guards and by callers of `mark_lost`.
+    pub fn new(key: impl Into<String>, reason: LostReason) -> Self {
+        LockLost {
+            key: key.into(),
+            reason,
+            detail: None,
+            cause: None,
+        }
+    }
+
+    #[allow(dead_code)] // used by the scoped-lock guard
+    pub(crate) fn with_detail(mut self, detail: impl Into<String>) -> Self {
+        self.detail = Some(detail.into());
+        self
+    }
+
+    #[allow(dead_code)] // used by the scoped-lock guard
+    pub(crate) fn with_cause(mut self, cause: Error) -> Self {
+        self.cause = Some(Arc::new(cause));
+        self
+    }
+
+    /// The lock key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// Why ownership was lost.
+    pub fn reason(&self) -> LostReason {
+        self.reason
+    }
+
+    /// The error that ended ownership, when a request failed.
+    pub fn cause(&self) -> Option<&Error> {
+        self.cause.as_deref()
+    }
+}
+
+impl fmt::Display for LockLost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let why = match self.reason {
+            LostReason::RenewalFailed => "renewal failed",
+            LostReason::Expired => "lease expired before renewal completed",
+            LostReason::NoSafeWindow => "renewal returned no safe lease window",
+            LostReason::Marked => "marked lost",
+        };
+        write!(f, "lock {:?} lost: {why}", self.key)?;
+        if let Some(detail) = &self.detail {
+            write!(f, " ({detail})")?;
+        }
+        Ok(())
+    }
+}
+
+impl std::error::Error for LockLost {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        self.cause
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static))
+    }
+}

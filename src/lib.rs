@@ -1,0 +1,58 @@
+//! # volcano — Rust SDK for Volcano project locks
+//!
+//! Volcano's lock service hands out **leases**: a key, an ownership token, an
+//! expiry and a **fencing token** that rises every time the lock changes
+//! hands. Use them to make sure one worker at a time runs a job.
+//!
+//! ```no_run
+//! use std::time::Duration;
+//!
+//! # async fn demo() -> Result<(), volcano::Error> {
+//! // VOLCANO_ANON_KEY, VOLCANO_SERVICE_KEY, VOLCANO_API_URL
+//! let client = volcano::Client::from_env()?;
+//! let locks = client.locks();
+//!
+//! match locks.acquire("nightly-report", Duration::from_secs(30)).await {
+//!     Ok(lease) => {
+//!         // ... run the job, passing lease.fencing_token() to the store ...
+//!         locks.release(&lease).await?;
+//!     }
+//!     Err(err) if err.is_lock_held() => println!("another worker runs it"),
+//!     Err(err) => return Err(err),
+//! }
+//! # Ok(()) }
+//! ```
+//!
+//! What a lease cannot promise: a process can pause (GC, swap, suspend)
+//! past its expiry and keep running. The service then hands the lock to
+//! someone else. Only the protected resource can stop the stale holder, by
+//! rejecting writes whose fencing token is lower than the highest it has
+//! seen.
+#![deny(missing_docs)]
+
+mod client;
+mod error;
+pub mod locks;
+mod transport;
+mod validate;
+
+pub use client::{
+    Client, ClientBuilder, DEFAULT_API_URL, DEFAULT_TIMEOUT, ENV_ANON_KEY, ENV_API_URL,
+    ENV_SERVICE_KEY,
+};
+pub use error::{
+    ApiError, Error, InvalidReason, InvalidResponse, LockLost, LostReason, Result, TransportError,
+};
+pub use locks::lease::{LockLease, LockState};
+pub use locks::Locks;
+pub use transport::{LOCK_TOKEN_HEADER, REQUEST_ID_HEADER};
+pub use validate::{MAX_KEY_LEN, MAX_TTL, MIN_TTL};
+
+/// `code` of a 409 when another live lease owns the key.
+pub const CODE_LOCK_HELD: &str = "lock_held";
+/// `code` of a 409 when the caller's lease is gone.
+pub const CODE_OWNERSHIP_LOST: &str = "lock_ownership_lost";
+/// `code` of a 429.
+pub const CODE_RATE_LIMITED: &str = "lock_rate_limited";
+/// `code` of a 503.
+pub const CODE_SERVICE_UNAVAILABLE: &str = "lock_service_unavailable";

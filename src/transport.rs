@@ -1,0 +1,410 @@
+//! The one place that talks to the service: URL and headers, the per-request
+//! timeout, acquire's single retry, status-to-error mapping and reading bodies.
+//! All five operations go through [`Transport::execute`].
+
+use std::time::Duration;
+
+use reqwest::header::{HeaderMap, HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
+use reqwest::{Method, StatusCode};
+use serde_json::{Map, Value};
+use tracing::Instrument;
+
+use crate::error::{
+    ApiError, Error, InvalidReason, InvalidResponse, Result, TransportError, TransportKind,
+};
+
+/// Header carrying the request id (all five operations).
+pub const REQUEST_ID_HEADER: &str = "x-volcano-request-id";
+/// Header carrying the ownership token (acquire, renew, release).
+pub const LOCK_TOKEN_HEADER: &str = "x-volcano-lock-token";
+
+/// Most bytes of a success body the SDK reads; a lease or state is < 200 bytes.
+const MAX_SUCCESS_BODY: usize = 64 * 1024;
+/// Most bytes of an error body the SDK reads; the rest is dropped.
+const MAX_ERROR_BODY: usize = 8 * 1024;
+/// Most characters of a non-JSON error body kept as the message.
+const MAX_ERROR_TEXT: usize = 512;
+
+/// The five lock operations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Op {
+    Acquire,
+    Renew,
+    Release,
+    Get,
+    ForceRelease,
+}
+
+impl Op {
+    pub(crate) fn name(self) -> &'static str {
+        match self {
+            Op::Acquire => "acquire",
+            Op::Renew => "renew",
+            Op::Release => "release",
+            Op::Get => "get",
+            Op::ForceRelease => "force_release",
+        }
+    }
+
+    fn method(self) -> Method {
+        match self {
+            Op::Acquire => Method::POST,
+            Op::Renew => Method::PATCH,
+            Op::Release | Op::ForceRelease => Method::DELETE,
+            Op::Get => Method::GET,
+        }
+    }
+
+    fn success(self) -> StatusCode {
+        match self {
+            Op::Acquire => StatusCode::CREATED,
+            Op::Renew | Op::Get => StatusCode::OK,
+            Op::Release | Op::ForceRelease => StatusCode::NO_CONTENT,
+        }
+    }
+
+    /// Operations on `/locks/{key}/lease` (the others use `/locks/{key}`).
+    fn on_lease(self) -> bool {
+        matches!(self, Op::Acquire | Op::Renew | Op::Release)
+    }
+
+    fn has_response_body(self) -> bool {
+        matches!(self, Op::Acquire | Op::Renew | Op::Get)
+    }
+
+    /// Acquire is idempotent for one token, so it gets one more attempt.
+    fn attempts(self) -> u32 {
+        if self == Op::Acquire {
+            2
+        } else {
+            1
+        }
+    }
+}
+
+/// One logical call. Everything in it is fixed before the first attempt, so a
+/// retry is byte-identical.
+pub(crate) struct Call<'a> {
+    pub(crate) op: Op,
+    pub(crate) key: &'a str,
+    /// Ownership token; `Some` exactly for acquire, renew and release.
+    pub(crate) token: Option<&'a str>,
+    pub(crate) request_id: &'a str,
+    /// `Some` exactly for acquire and renew.
+    pub(crate) ttl_secs: Option<u64>,
+    /// Overrides the client's per-request timeout.
+    pub(crate) timeout: Option<Duration>,
+}
+
+/// HTTP client, base URL and credential, shared by every clone of a `Client`.
+pub(crate) struct Transport {
+    http: reqwest::Client,
+    base_url: String,
+    /// `Bearer <service key>`, marked sensitive; `None` if no key is configured.
+    auth: Option<HeaderValue>,
+    timeout: Duration,
+}
+
+impl Transport {
+    pub(crate) fn new(
+        base_url: String,
+        auth: Option<HeaderValue>,
+        timeout: Duration,
+    ) -> Result<Self> {
+        let mut headers = HeaderMap::new();
+        headers.insert(ACCEPT, HeaderValue::from_static("application/json"));
+        // Sent on every request, body or not, as the reference SDKs do.
+        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+        let http = reqwest::Client::builder()
+            .default_headers(headers)
+            .user_agent(concat!("volcano-rust/", env!("CARGO_PKG_VERSION")))
+            .timeout(timeout)
+            // A redirect would carry the service key elsewhere; report it instead.
+            .redirect(reqwest::redirect::Policy::none())
+            .build()
+            .map_err(|e| Error::invalid(format!("could not build the HTTP client: {e}")))?;
+        Ok(Transport {
+            http,
+            base_url,
+            auth,
+            timeout,
+        })
+    }
+
+    pub(crate) fn base_url(&self) -> &str {
+        &self.base_url
+    }
+
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    pub(crate) fn has_service_key(&self) -> bool {
+        self.auth.is_some()
+    }
+
+    /// Sends `call` (acquire: up to twice) and returns the JSON object of the
+    /// success body, or `None` for the operations answered with 204.
+    pub(crate) async fn execute(&self, call: &Call<'_>) -> Result<Option<Map<String, Value>>> {
+        let auth = self
+            .auth
+            .as_ref()
+            .ok_or_else(|| Error::Authentication(ApiError::local("No service key configured")))?;
+        let url = self.url(call.op, call.key);
+        let body = call.ttl_secs.map(|n| format!("{{\"ttl_seconds\":{n}}}"));
+        let attempts = call.op.attempts();
+        let mut attempt = 1;
+        loop {
+            let span = tracing::debug_span!(
+                "volcano.lock",
+                op = call.op.name(),
+                key = call.key,
+                request_id = call.request_id,
+                attempt,
+                status = tracing::field::Empty,
+            );
+            let result = self
+                .attempt(call, auth, &url, body.as_deref())
+                .instrument(span.clone())
+                .await;
+            match result {
+                Err(err) if attempt < attempts && retryable(&err) => {
+                    span.in_scope(|| {
+                        tracing::info!(error = %err, "retrying acquire once with the same token and request id");
+                    });
+                    attempt += 1;
+                }
+                other => return other,
+            }
+        }
+    }
+
+    fn url(&self, op: Op, key: &str) -> String {
+        let mut url = String::with_capacity(self.base_url.len() + key.len() + 16);
+        url.push_str(&self.base_url);
+        url.push_str("/locks/");
+        encode_path_segment(key, &mut url);
+        if op.on_lease() {
+            url.push_str("/lease");
+        }
+        url
+    }
+
+    async fn attempt(
+        &self,
+        call: &Call<'_>,
+        auth: &HeaderValue,
+        url: &str,
+        body: Option<&str>,
+    ) -> Result<Option<Map<String, Value>>> {
+        let request_id = call.request_id;
+        let mut request = self
+            .http
+            .request(call.op.method(), url)
+            .header(AUTHORIZATION, auth.clone())
+            .header(REQUEST_ID_HEADER, header_value(request_id, "request_id")?);
+        if let Some(token) = call.token {
+            let mut value = header_value(token, "token")?;
+            value.set_sensitive(true);
+            request = request.header(LOCK_TOKEN_HEADER, value);
+        }
+        if let Some(body) = body {
+            request = request.body(body.to_owned());
+        }
+        if let Some(timeout) = call.timeout {
+            request = request.timeout(timeout);
+        }
+
+        let mut response = request
+            .send()
+            .await
+            .map_err(|e| transport_error(e, request_id))?;
+        let status = response.status();
+        tracing::Span::current().record("status", status.as_u16());
+
+        if status == call.op.success() {
+            if !call.op.has_response_body() {
+                tracing::debug!("lock call succeeded");
+                return Ok(None);
+            }
+            let invalid = |reason| {
+                Error::InvalidResponse(InvalidResponse {
+                    reason,
+                    status: status.as_u16(),
+                    request_id: request_id.to_owned(),
+                })
+            };
+            let (bytes, complete) = read_body(&mut response, MAX_SUCCESS_BODY, request_id).await?;
+            if !complete {
+                return Err(invalid(InvalidReason::TooLarge));
+            }
+            return match serde_json::from_slice::<Value>(&bytes) {
+                Ok(Value::Object(map)) => {
+                    tracing::debug!("lock call succeeded");
+                    Ok(Some(map))
+                }
+                _ => Err(invalid(InvalidReason::NotAnObject)),
+            };
+        }
+
+        let retry_after = response
+            .headers()
+            .get(RETRY_AFTER)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.trim().parse::<u64>().ok())
+            .map(Duration::from_secs);
+        let (bytes, _) = read_body(&mut response, MAX_ERROR_BODY, request_id).await?;
+        let error = Error::from_status(api_error(status.as_u16(), &bytes, request_id, retry_after));
+        tracing::debug!(error = %error, "lock call failed");
+        Err(error)
+    }
+}
+
+/// Failures after which acquire is sent once more: no answer at all, a 503
+/// (ownership undecidable), or a success status whose body is not a JSON
+/// object. Field-level problems are not retried.
+fn retryable(err: &Error) -> bool {
+    match err {
+        Error::Transport(_) => true,
+        Error::Server(api) => api.status == Some(503),
+        Error::InvalidResponse(e) => e.reason == InvalidReason::NotAnObject,
+        _ => false,
+    }
+}
+
+fn header_value(value: &str, name: &str) -> Result<HeaderValue> {
+    HeaderValue::from_str(value)
+        .map_err(|_| Error::invalid(format!("{name} must be a UUID string")))
+}
+
+fn transport_error(err: reqwest::Error, request_id: &str) -> Error {
+    let kind = if err.is_timeout() {
+        TransportKind::Timeout
+    } else if err.is_connect() {
+        TransportKind::Connect
+    } else {
+        TransportKind::Io
+    };
+    Error::Transport(TransportError {
+        kind,
+        request_id: request_id.to_owned(),
+        source: Some(Box::new(err.without_url())),
+    })
+}
+
+/// Reads at most `limit` bytes of the body; the flag says whether it all fit.
+async fn read_body(
+    response: &mut reqwest::Response,
+    limit: usize,
+    request_id: &str,
+) -> Result<(Vec<u8>, bool)> {
+    let mut bytes = Vec::new();
+    while let Some(chunk) = response
+        .chunk()
+        .await
+        .map_err(|e| transport_error(e, request_id))?
+    {
+        let room = limit - bytes.len();
+        if chunk.len() > room {
+            bytes.extend_from_slice(&chunk[..room]);
+            return Ok((bytes, false));
+        }
+        bytes.extend_from_slice(&chunk);
+    }
+    Ok((bytes, true))
+}
+
+/// Builds the API error from an error body: the JSON envelope's `error` and
+/// `code` when it is one, else a truncated copy of the text. The status is
+/// always kept.
+fn api_error(
+    status: u16,
+    body: &[u8],
+    request_id: &str,
+    retry_after: Option<Duration>,
+) -> ApiError {
+    let envelope = match serde_json::from_slice::<Value>(body) {
+        Ok(Value::Object(map)) => Some(map),
+        _ => None,
+    };
+    let (message, code) = match envelope {
+        Some(map) => {
+            let message = ["error", "message"]
+                .iter()
+                .find_map(|name| map.get(*name).and_then(Value::as_str))
+                .map(|m| truncate(m, MAX_ERROR_TEXT))
+                .unwrap_or_else(|| "the error body has no message".to_owned());
+            let code = match map.get("code") {
+                Some(Value::String(code)) => Some(truncate(code, MAX_ERROR_TEXT)),
+                Some(Value::Number(code)) => Some(code.to_string()),
+                _ => None,
+            };
+            (message, code)
+        }
+        None if body.iter().all(u8::is_ascii_whitespace) => {
+            ("the error body is empty".to_owned(), None)
+        }
+        None => (
+            truncate(&String::from_utf8_lossy(body), MAX_ERROR_TEXT),
+            None,
+        ),
+    };
+    ApiError {
+        status: Some(status),
+        code,
+        message,
+        request_id: Some(request_id.to_owned()),
+        retry_after,
+    }
+}
+
+fn truncate(text: &str, max_chars: usize) -> String {
+    let text = text.trim();
+    match text.char_indices().nth(max_chars) {
+        Some((cut, _)) => format!("{}…", &text[..cut]),
+        None => text.to_owned(),
+    }
+}
+
+/// Percent-encodes everything but RFC 3986 unreserved characters, so a valid
+/// key changes only at `:` (`build:queue` → `build%3Aqueue`).
+fn encode_path_segment(segment: &str, out: &mut String) {
+    const HEX: &[u8; 16] = b"0123456789ABCDEF";
+    for &b in segment.as_bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~') {
+            out.push(b as char);
+        } else {
+            out.push('%');
+            out.push(HEX[usize::from(b >> 4)] as char);
+            out.push(HEX[usize::from(b & 15)] as char);
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn encodes_only_colon_of_the_key_alphabet() {
+        let mut out = String::new();
+        encode_path_segment("build:queue.v1_a-b", &mut out);
+        assert_eq!(out, "build%3Aqueue.v1_a-b");
+    }
+
+    #[test]
+    fn non_json_error_body_keeps_status_and_truncated_text() {
+        let body = "x".repeat(2000);
+        let api = api_error(502, body.as_bytes(), "rid", None);
+        assert_eq!(api.status, Some(502));
+        assert_eq!(api.message.chars().count(), MAX_ERROR_TEXT + 1);
+        assert!(api.code.is_none());
+    }
+
+    #[test]
+    fn envelope_falls_back_to_message_member() {
+        let api = api_error(400, br#"{"message":"bad ttl","code":7}"#, "rid", None);
+        assert_eq!(api.message, "bad ttl");
+        assert_eq!(api.code.as_deref(), Some("7"));
+    }
+}

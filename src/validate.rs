@@ -1,0 +1,127 @@
+//! Local argument checks, applied before anything is sent.
+
+use std::time::Duration;
+
+use crate::error::{Error, Result};
+
+/// Shortest lease the service grants.
+pub const MIN_TTL: Duration = Duration::from_secs(5);
+/// Longest lease the service grants, and the absolute cap of one acquisition
+/// (90 days).
+pub const MAX_TTL: Duration = Duration::from_secs(7_776_000);
+/// Longest key the service accepts, in bytes (all key characters are ASCII).
+pub const MAX_KEY_LEN: usize = 128;
+
+/// Checks a lock key against `^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$` (whole string).
+pub(crate) fn key(key: &str) -> Result<()> {
+    let bytes = key.as_bytes();
+    let ok = match bytes.split_first() {
+        Some((first, rest)) => {
+            bytes.len() <= MAX_KEY_LEN
+                && first.is_ascii_alphanumeric()
+                && rest
+                    .iter()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+        }
+        None => false,
+    };
+    if ok {
+        Ok(())
+    } else {
+        Err(Error::invalid(format!(
+            "key {:?} must be 1 to 128 characters: a letter or digit, then letters, digits, '.', '_', ':' or '-'",
+            Shortened(key)
+        )))
+    }
+}
+
+/// Checks a ttl and returns it in whole seconds.
+pub(crate) fn ttl(ttl: Duration) -> Result<u64> {
+    if ttl.subsec_nanos() == 0 && (MIN_TTL..=MAX_TTL).contains(&ttl) {
+        Ok(ttl.as_secs())
+    } else {
+        Err(Error::invalid(format!(
+            "ttl must be whole seconds between 5 seconds and 90 days (7776000 s), got {ttl:?}"
+        )))
+    }
+}
+
+/// Checks that `value` is an 8-4-4-4-12 hex UUID string (any case).
+/// The value itself is not echoed: an ownership token is a secret.
+pub(crate) fn uuid(name: &str, value: &str) -> Result<()> {
+    if is_uuid(value) {
+        Ok(())
+    } else {
+        Err(Error::invalid(format!("{name} must be a UUID string")))
+    }
+}
+
+pub(crate) fn is_uuid(value: &str) -> bool {
+    let bytes = value.as_bytes();
+    bytes.len() == 36
+        && bytes.iter().enumerate().all(|(i, b)| match i {
+            8 | 13 | 18 | 23 => *b == b'-',
+            _ => b.is_ascii_hexdigit(),
+        })
+}
+
+/// A new random (v4, lowercase, hyphenated) UUID string.
+pub(crate) fn new_uuid() -> String {
+    uuid::Uuid::new_v4().to_string()
+}
+
+/// Shows at most 64 characters of a rejected key in an error message.
+struct Shortened<'a>(&'a str);
+
+impl std::fmt::Debug for Shortened<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self.0.char_indices().nth(64) {
+            Some((cut, _)) => write!(f, "{:?}…", &self.0[..cut]),
+            None => write!(f, "{:?}", self.0),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn keys() {
+        for good in ["a", "A9", "build:queue", "x._:-y", &"k".repeat(128)] {
+            assert!(key(good).is_ok(), "{good}");
+        }
+        for bad in ["", "-a", ".a", "a/b", "a b", "a\n", "é", &"k".repeat(129)] {
+            assert!(key(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn ttls() {
+        assert_eq!(ttl(Duration::from_secs(5)).unwrap(), 5);
+        assert_eq!(ttl(Duration::from_secs(7_776_000)).unwrap(), 7_776_000);
+        for bad in [
+            Duration::from_secs(4),
+            Duration::from_secs(7_776_001),
+            Duration::from_millis(5_500),
+            Duration::ZERO,
+        ] {
+            assert!(ttl(bad).is_err(), "{bad:?}");
+        }
+    }
+
+    #[test]
+    fn uuids() {
+        assert!(is_uuid("123e4567-E89B-12d3-a456-426614174000"));
+        assert!(is_uuid(&new_uuid()));
+        for bad in [
+            "",
+            "not-a-uuid",
+            "123e4567e89b12d3a456426614174000",
+            "123e4567-e89b-12d3-a456-42661417400g",
+            "{123e4567-e89b-12d3-a456-426614174000}",
+        ] {
+            assert!(!is_uuid(bad), "{bad}");
+        }
+    }
+}

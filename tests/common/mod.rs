@@ -1,0 +1,135 @@
+//! Helpers shared by the integration tests.
+#![allow(dead_code)]
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::io::AsyncReadExt;
+use tokio::net::TcpListener;
+use volcano::Client;
+use wiremock::matchers::any;
+use wiremock::{Mock, MockServer, ResponseTemplate};
+
+pub const SERVICE_KEY: &str = "svc-key-SECRET-0123456789";
+pub const ANON_KEY: &str = "anon-key-SECRET-abcdef";
+pub const TOKEN: &str = "AAAAAAAA-bbbb-4ccc-8ddd-EEEEEEEEEEEE";
+pub const REQUEST_ID: &str = "11111111-2222-4333-8444-555555555555";
+pub const EXPIRES_AT: &str = "2026-07-20T14:00:10Z";
+
+/// A client for `url` with the test keys and a short timeout.
+pub fn client(url: &str) -> Client {
+    client_with_timeout(url, Duration::from_secs(5))
+}
+
+pub fn client_with_timeout(url: &str, timeout: Duration) -> Client {
+    Client::builder()
+        .anon_key(ANON_KEY)
+        .service_key(SERVICE_KEY)
+        .api_url(url)
+        .timeout(timeout)
+        .build()
+        .expect("test client")
+}
+
+/// A wiremock server whose unmatched requests get a descriptive 418, so a
+/// failing test says which request nobody expected.
+pub async fn server() -> MockServer {
+    let server = MockServer::start().await;
+    Mock::given(any())
+        .respond_with(
+            ResponseTemplate::new(418)
+                .set_body_json(serde_json::json!({"error": "no mock matched this request"})),
+        )
+        .with_priority(u8::MAX)
+        .mount(&server)
+        .await;
+    server
+}
+
+/// A 201/200 lease body.
+pub fn lease_body(status: u16, fencing_token: i64) -> ResponseTemplate {
+    ResponseTemplate::new(status).set_body_json(serde_json::json!({
+        "expires_at": EXPIRES_AT,
+        "fencing_token": fencing_token,
+    }))
+}
+
+/// A JSON error envelope.
+pub fn error_body(status: u16, message: &str, code: Option<&str>) -> ResponseTemplate {
+    let mut body = serde_json::json!({ "error": message });
+    if let Some(code) = code {
+        body["code"] = code.into();
+    }
+    ResponseTemplate::new(status).set_body_json(body)
+}
+
+/// The requests wiremock received, excluding none.
+pub async fn received(server: &MockServer) -> Vec<wiremock::Request> {
+    server.received_requests().await.unwrap_or_default()
+}
+
+pub fn header<'a>(request: &'a wiremock::Request, name: &str) -> Option<&'a str> {
+    request.headers.get(name).and_then(|v| v.to_str().ok())
+}
+
+/// A TCP server that reads each request in full, records it, then closes
+/// the connection without answering: a transport failure after the request
+/// was sent.
+pub struct Dropper {
+    pub url: String,
+    pub requests: Arc<std::sync::Mutex<Vec<String>>>,
+    count: Arc<AtomicUsize>,
+}
+
+impl Dropper {
+    pub async fn start() -> Dropper {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}", listener.local_addr().unwrap());
+        let requests = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let count = Arc::new(AtomicUsize::new(0));
+        let (reqs, cnt) = (requests.clone(), count.clone());
+        tokio::spawn(async move {
+            while let Ok((mut socket, _)) = listener.accept().await {
+                let mut buf = Vec::new();
+                let mut chunk = [0u8; 4096];
+                while let Ok(n) = socket.read(&mut chunk).await {
+                    if n == 0 {
+                        break;
+                    }
+                    buf.extend_from_slice(&chunk[..n]);
+                    if request_complete(&buf) {
+                        break;
+                    }
+                }
+                reqs.lock()
+                    .unwrap()
+                    .push(String::from_utf8_lossy(&buf).into_owned());
+                cnt.fetch_add(1, Ordering::SeqCst);
+                drop(socket);
+            }
+        });
+        Dropper {
+            url,
+            requests,
+            count,
+        }
+    }
+
+    pub fn count(&self) -> usize {
+        self.count.load(Ordering::SeqCst)
+    }
+}
+
+fn request_complete(buf: &[u8]) -> bool {
+    let Some(end) = buf.windows(4).position(|w| w == b"\r\n\r\n") else {
+        return false;
+    };
+    let head = String::from_utf8_lossy(&buf[..end]).to_ascii_lowercase();
+    let length = head
+        .lines()
+        .find_map(|l| l.strip_prefix("content-length:"))
+        .and_then(|v| v.trim().parse::<usize>().ok())
+        .unwrap_or(0);
+    buf.len() >= end + 4 + length
+}
