@@ -1,0 +1,235 @@
+//! Fault injection: answers and failures the mock server produces on demand.
+
+use std::sync::Mutex;
+use std::time::Duration;
+
+use serde::{Deserialize, Serialize};
+
+/// A lock operation, for scoping faults and reading the journal.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Operation {
+    /// `POST /locks/{key}/lease`
+    Acquire,
+    /// `PATCH /locks/{key}/lease`
+    Renew,
+    /// `DELETE /locks/{key}/lease`
+    Release,
+    /// `GET /locks/{key}`
+    Get,
+    /// `DELETE /locks/{key}`
+    ForceRelease,
+    /// Every operation (faults only).
+    Any,
+}
+
+impl Operation {
+    fn covers(self, op: Operation) -> bool {
+        self == Operation::Any || self == op
+    }
+}
+
+/// What an injected fault does.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(tag = "kind", rename_all = "snake_case")]
+pub enum FaultKind {
+    /// Answer with this status and the documented error body, without
+    /// applying the request.
+    Status {
+        /// The HTTP status.
+        status: u16,
+    },
+    /// Apply the request, then close the connection without answering.
+    DropResponse,
+    /// Close the connection before applying the request.
+    Reset,
+    /// Wait this long, then handle the request normally.
+    Delay {
+        /// Milliseconds to wait.
+        delay_ms: u64,
+    },
+}
+
+/// A fault to inject with `MockServer::inject`.
+///
+/// ```
+/// use std::time::Duration;
+/// use volcano_mock_server::{Fault, Operation};
+/// let fault = Fault::status(503).on(Operation::Renew).times(2);
+/// let slow = Fault::delay(Duration::from_millis(1500)).on(Operation::Any);
+/// # let _ = (fault, slow);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct Fault {
+    /// What happens.
+    #[serde(flatten)]
+    pub kind: FaultKind,
+    /// Which operation it applies to (default: any).
+    #[serde(default = "any")]
+    pub operation: Operation,
+    /// Only requests for this key (default: every key).
+    #[serde(default)]
+    pub key: Option<String>,
+    /// How many matching requests it affects (default: all, until reset).
+    #[serde(default)]
+    pub times: Option<u32>,
+}
+
+fn any() -> Operation {
+    Operation::Any
+}
+
+impl Fault {
+    fn new(kind: FaultKind) -> Self {
+        Fault {
+            kind,
+            operation: Operation::Any,
+            key: None,
+            times: None,
+        }
+    }
+
+    /// Answer with `status` (e.g. 503, 429, 500) without applying the request.
+    pub fn status(status: u16) -> Self {
+        Self::new(FaultKind::Status { status })
+    }
+
+    /// Apply the request, then close the connection without an answer: the
+    /// client cannot know that it succeeded.
+    pub fn drop_response() -> Self {
+        Self::new(FaultKind::DropResponse)
+    }
+
+    /// Close the connection before applying the request.
+    pub fn reset() -> Self {
+        Self::new(FaultKind::Reset)
+    }
+
+    /// Hold the request for `delay`, then handle it normally (the state
+    /// change happens after the delay, as on a slow network).
+    pub fn delay(delay: Duration) -> Self {
+        Self::new(FaultKind::Delay {
+            delay_ms: u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+        })
+    }
+
+    /// Limit the fault to one operation.
+    pub fn on(mut self, operation: Operation) -> Self {
+        self.operation = operation;
+        self
+    }
+
+    /// Limit the fault to one key.
+    pub fn key(mut self, key: impl Into<String>) -> Self {
+        self.key = Some(key.into());
+        self
+    }
+
+    /// Affect only the next `n` matching requests.
+    pub fn times(mut self, n: u32) -> Self {
+        self.times = Some(n);
+        self
+    }
+
+    fn matches(&self, op: Operation, key: &str) -> bool {
+        self.operation.covers(op)
+            && self.key.as_deref().is_none_or(|k| k == key)
+            && self.times != Some(0)
+    }
+}
+
+/// The faults that apply to one request.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Planned {
+    pub(crate) delay: Duration,
+    pub(crate) action: Option<FaultKind>,
+}
+
+/// The injected faults, consumed in the order they were injected.
+#[derive(Default)]
+pub(crate) struct Faults {
+    list: Mutex<Vec<Fault>>,
+}
+
+impl Faults {
+    pub(crate) fn push(&self, fault: Fault) {
+        self.lock().push(fault);
+    }
+
+    pub(crate) fn clear(&self) {
+        self.lock().clear();
+    }
+
+    /// Takes what applies to this request: every matching delay (added up)
+    /// and the first matching other fault; each use counts against `times`.
+    pub(crate) fn plan(&self, op: Operation, key: &str) -> Planned {
+        let mut list = self.lock();
+        if list.is_empty() {
+            return Planned::default();
+        }
+        let mut planned = Planned::default();
+        for fault in list.iter_mut().filter(|f| f.matches(op, key)) {
+            match fault.kind {
+                FaultKind::Delay { delay_ms } => {
+                    planned.delay += Duration::from_millis(delay_ms);
+                }
+                kind if planned.action.is_none() => planned.action = Some(kind),
+                _ => continue,
+            }
+            if let Some(n) = fault.times.as_mut() {
+                *n -= 1;
+            }
+        }
+        list.retain(|f| f.times != Some(0));
+        planned
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Fault>> {
+        self.list.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn faults_are_scoped_and_counted() {
+        let faults = Faults::default();
+        faults.push(Fault::status(503).on(Operation::Renew).times(1));
+        faults.push(Fault::delay(Duration::from_millis(10)).times(2));
+        faults.push(Fault::reset().key("other"));
+        let p = faults.plan(Operation::Acquire, "k");
+        assert_eq!(
+            p,
+            Planned {
+                delay: Duration::from_millis(10),
+                action: None
+            }
+        );
+        let p = faults.plan(Operation::Renew, "k");
+        assert_eq!(p.action, Some(FaultKind::Status { status: 503 }));
+        assert_eq!(p.delay, Duration::from_millis(10));
+        assert_eq!(faults.plan(Operation::Renew, "k"), Planned::default());
+        assert_eq!(
+            faults.plan(Operation::Get, "other").action,
+            Some(FaultKind::Reset)
+        );
+        assert_eq!(
+            faults.plan(Operation::Get, "other").action,
+            Some(FaultKind::Reset)
+        );
+    }
+
+    #[test]
+    fn fault_json_shape() {
+        let json =
+            serde_json::to_value(Fault::status(503).on(Operation::Acquire).times(1)).unwrap();
+        assert_eq!(
+            json,
+            serde_json::json!({"kind": "status", "status": 503, "operation": "acquire", "key": null, "times": 1})
+        );
+        let parsed: Fault = serde_json::from_str(r#"{"kind":"delay","delay_ms":1500}"#).unwrap();
+        assert_eq!(parsed, Fault::delay(Duration::from_millis(1500)));
+    }
+}

@@ -1,0 +1,693 @@
+//! Every rule of the lock service, checked over raw HTTP (plain reqwest).
+
+use std::time::Duration;
+
+use reqwest::{Method, StatusCode};
+use serde_json::{json, Value};
+use volcano_mock_server::{Fault, FaultKind, MockServer, Operation};
+
+const A: &str = "aaaaaaaa-aaaa-4aaa-8aaa-aaaaaaaaaaaa";
+const B: &str = "bbbbbbbb-bbbb-4bbb-8bbb-bbbbbbbbbbbb";
+const RID: &str = "11111111-2222-4333-8444-555555555555";
+
+struct Raw {
+    http: reqwest::Client,
+    url: String,
+    key: String,
+}
+
+struct Answer {
+    status: StatusCode,
+    headers: reqwest::header::HeaderMap,
+    body: Value,
+}
+
+impl Answer {
+    fn code(&self) -> Option<&str> {
+        self.body.get("code").and_then(Value::as_str)
+    }
+    fn fence(&self) -> i64 {
+        self.body["fencing_token"].as_i64().expect("fencing token")
+    }
+    fn expires(&self) -> chrono::DateTime<chrono::Utc> {
+        self.body["expires_at"].as_str().unwrap().parse().unwrap()
+    }
+}
+
+impl Raw {
+    fn new(server: &MockServer) -> Raw {
+        Raw {
+            http: reqwest::Client::new(),
+            url: server.url().to_owned(),
+            key: server.service_key().to_owned(),
+        }
+    }
+
+    async fn send(
+        &self,
+        method: Method,
+        path: &str,
+        token: Option<&str>,
+        body: Option<&str>,
+    ) -> Answer {
+        let mut request = self
+            .http
+            .request(method, format!("{}{path}", self.url))
+            .bearer_auth(&self.key)
+            .header("x-volcano-request-id", RID);
+        if let Some(token) = token {
+            request = request.header("x-volcano-lock-token", token);
+        }
+        if let Some(body) = body {
+            request = request
+                .header("content-type", "application/json")
+                .body(body.to_owned());
+        }
+        let response = request.send().await.expect("mock server answers");
+        let status = response.status();
+        let headers = response.headers().clone();
+        let text = response.text().await.unwrap();
+        let body = if text.is_empty() {
+            Value::Null
+        } else {
+            serde_json::from_str(&text).unwrap()
+        };
+        Answer {
+            status,
+            headers,
+            body,
+        }
+    }
+
+    async fn acquire(&self, key: &str, token: &str, ttl: u64) -> Answer {
+        let body = json!({ "ttl_seconds": ttl }).to_string();
+        self.send(
+            Method::POST,
+            &format!("/locks/{key}/lease"),
+            Some(token),
+            Some(&body),
+        )
+        .await
+    }
+    async fn renew(&self, key: &str, token: &str, ttl: u64) -> Answer {
+        let body = json!({ "ttl_seconds": ttl }).to_string();
+        self.send(
+            Method::PATCH,
+            &format!("/locks/{key}/lease"),
+            Some(token),
+            Some(&body),
+        )
+        .await
+    }
+    async fn release(&self, key: &str, token: &str) -> Answer {
+        self.send(
+            Method::DELETE,
+            &format!("/locks/{key}/lease"),
+            Some(token),
+            None,
+        )
+        .await
+    }
+    async fn get(&self, key: &str) -> Answer {
+        self.send(Method::GET, &format!("/locks/{key}"), None, None)
+            .await
+    }
+    async fn force_release(&self, key: &str) -> Answer {
+        self.send(Method::DELETE, &format!("/locks/{key}"), None, None)
+            .await
+    }
+}
+
+fn assert_error(answer: &Answer, status: u16, code: Option<&str>) {
+    assert_eq!(answer.status.as_u16(), status, "{:?}", answer.body);
+    assert!(
+        answer.body["error"].is_string(),
+        "error envelope: {:?}",
+        answer.body
+    );
+    assert_eq!(answer.code(), code, "{:?}", answer.body);
+}
+
+#[tokio::test]
+async fn auth_needs_the_service_key() {
+    let server = MockServer::start().await;
+    let raw = Raw::new(&server);
+    let http = reqwest::Client::new();
+    let url = format!("{}/locks/k", server.url());
+    let none = http
+        .get(&url)
+        .header("x-volcano-request-id", RID)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(none.status(), 401);
+    let wrong = http
+        .get(&url)
+        .bearer_auth("nope")
+        .header("x-volcano-request-id", RID)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(wrong.status(), 401);
+    let anon = http
+        .get(&url)
+        .bearer_auth(server.anon_key())
+        .header("x-volcano-request-id", RID)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(anon.status(), 403);
+    let body: Value = anon.json().await.unwrap();
+    assert!(body["error"].is_string() && body.get("code").is_none());
+    assert_eq!(raw.get("k").await.status, 200);
+}
+
+#[tokio::test]
+async fn malformed_requests_get_400_and_change_nothing() {
+    let server = MockServer::start().await;
+    let raw = Raw::new(&server);
+    let lease = "/locks/k/lease";
+    let cases: Vec<(Method, String, Option<&str>, Option<String>)> = vec![
+        (
+            Method::POST,
+            "/locks/-k/lease".into(),
+            Some(A),
+            Some(r#"{"ttl_seconds":30}"#.into()),
+        ),
+        (
+            Method::POST,
+            format!("/locks/{}/lease", "k".repeat(129)),
+            Some(A),
+            Some(r#"{"ttl_seconds":30}"#.into()),
+        ),
+        (
+            Method::POST,
+            "/locks/a%2Fb/lease".into(),
+            Some(A),
+            Some(r#"{"ttl_seconds":30}"#.into()),
+        ),
+        (
+            Method::POST,
+            "/locks/%ZZ/lease".into(),
+            Some(A),
+            Some(r#"{"ttl_seconds":30}"#.into()),
+        ),
+        (
+            Method::POST,
+            lease.into(),
+            None,
+            Some(r#"{"ttl_seconds":30}"#.into()),
+        ),
+        (
+            Method::POST,
+            lease.into(),
+            Some("not-a-uuid"),
+            Some(r#"{"ttl_seconds":30}"#.into()),
+        ),
+        (
+            Method::POST,
+            lease.into(),
+            Some("aaaaaaaaaaaa4aaa8aaaaaaaaaaaaaaaaaaa"),
+            Some(r#"{"ttl_seconds":30}"#.into()),
+        ),
+        (
+            Method::POST,
+            lease.into(),
+            Some(A),
+            Some(r#"{"ttl_seconds":4}"#.into()),
+        ),
+        (
+            Method::POST,
+            lease.into(),
+            Some(A),
+            Some(r#"{"ttl_seconds":7776001}"#.into()),
+        ),
+        (
+            Method::POST,
+            lease.into(),
+            Some(A),
+            Some(r#"{"ttl_seconds":30.5}"#.into()),
+        ),
+        (
+            Method::POST,
+            lease.into(),
+            Some(A),
+            Some(r#"{"ttl_seconds":"30"}"#.into()),
+        ),
+        (
+            Method::POST,
+            lease.into(),
+            Some(A),
+            Some(r#"{"ttl_seconds":30,"extra":true}"#.into()),
+        ),
+        (
+            Method::POST,
+            lease.into(),
+            Some(A),
+            Some(r#"{"ttl_seconds":30"#.into()),
+        ),
+        (Method::POST, lease.into(), Some(A), None),
+        (
+            Method::POST,
+            lease.into(),
+            Some(A),
+            Some(format!(
+                r#"{{"ttl_seconds":30,"pad":"{}"}}"#,
+                "x".repeat(70_000)
+            )),
+        ),
+        (Method::PATCH, lease.into(), Some(A), Some("[]".into())),
+        (Method::DELETE, lease.into(), Some("zzz"), None),
+        (Method::GET, "/locks/k%20k".into(), None, None),
+    ];
+    for (method, path, token, body) in cases {
+        let answer = raw
+            .send(method.clone(), &path, token, body.as_deref())
+            .await;
+        assert_error(&answer, 400, None);
+        let _ = (method, path);
+    }
+    let missing_rid = reqwest::Client::new()
+        .get(format!("{}/locks/k", server.url()))
+        .bearer_auth(server.service_key())
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(missing_rid.status(), 400);
+    assert!(server.locks().is_empty(), "nothing was applied");
+}
+
+#[tokio::test]
+async fn unknown_paths_and_methods() {
+    let server = MockServer::start().await;
+    let raw = Raw::new(&server);
+    assert_error(&raw.send(Method::GET, "/nope", None, None).await, 404, None);
+    assert_error(
+        &raw.send(Method::GET, "/locks/a/b/c", None, None).await,
+        404,
+        None,
+    );
+    let put = raw.send(Method::PUT, "/locks/k", None, None).await;
+    assert_error(&put, 405, None);
+    assert_eq!(put.headers["allow"], "GET, DELETE");
+    assert_error(
+        &raw.send(Method::GET, "/locks/k/lease", None, None).await,
+        405,
+        None,
+    );
+}
+
+#[tokio::test]
+async fn acquire_is_exclusive_and_idempotent_per_token() {
+    let server = MockServer::start().await;
+    let raw = Raw::new(&server);
+    let first = raw.acquire("job", A, 30).await;
+    assert_eq!(first.status, 201);
+    assert_eq!(first.fence(), 1);
+    assert_eq!(
+        first.body.as_object().unwrap().len(),
+        2,
+        "only expires_at and fencing_token"
+    );
+    assert_error(&raw.acquire("job", B, 30).await, 409, Some("lock_held"));
+
+    server.advance(Duration::from_secs(10));
+    let again = raw.acquire("job", A, 5).await;
+    assert_eq!(again.status, 201);
+    assert_eq!(again.fence(), 1, "same token keeps its fencing token");
+    assert!(
+        again.expires() < first.expires(),
+        "re-acquire resets expiry to now + ttl (shorter here)"
+    );
+
+    // Other keys are independent.
+    assert_eq!(raw.acquire("other", B, 30).await.status, 201);
+}
+
+#[tokio::test]
+async fn own_lapsed_lease_is_ownership_lost_until_the_grace_ends() {
+    let server = MockServer::start().await;
+    let raw = Raw::new(&server);
+    raw.acquire("job", A, 5).await;
+    server.advance(Duration::from_millis(5_300));
+    assert_error(
+        &raw.acquire("job", A, 5).await,
+        409,
+        Some("lock_ownership_lost"),
+    );
+    assert_error(&raw.acquire("job", B, 5).await, 409, Some("lock_held"));
+    assert_eq!(
+        raw.get("job").await.body["held"],
+        true,
+        "held through the grace"
+    );
+    server.advance(Duration::from_millis(800));
+    assert_eq!(raw.get("job").await.body, json!({"held": false}));
+    let taken = raw.acquire("job", B, 5).await;
+    assert_eq!((taken.status.as_u16(), taken.fence()), (201, 2));
+}
+
+#[tokio::test]
+async fn renew_only_by_the_owner_and_more_than_one_second_before_expiry() {
+    let server = MockServer::start().await;
+    let raw = Raw::new(&server);
+    let acquired = raw.acquire("job", A, 10).await;
+    assert_error(
+        &raw.renew("job", B, 10).await,
+        409,
+        Some("lock_ownership_lost"),
+    );
+    assert_error(
+        &raw.renew("free", A, 10).await,
+        409,
+        Some("lock_ownership_lost"),
+    );
+
+    server.advance(Duration::from_secs(5));
+    let renewed = raw.renew("job", A, 60).await;
+    assert_eq!(renewed.status, 200);
+    assert_eq!(renewed.fence(), acquired.fence());
+    let gained = renewed.expires() - acquired.expires();
+    assert!(
+        gained >= chrono::TimeDelta::seconds(54) && gained <= chrono::TimeDelta::seconds(56),
+        "{gained}"
+    );
+
+    // Shorter ttl shortens the lease.
+    let shorter = raw.renew("job", A, 5).await;
+    assert!(shorter.expires() < renewed.expires());
+    // 0.9 s before expiry is too late.
+    server.advance(Duration::from_millis(4_100));
+    assert_error(
+        &raw.renew("job", A, 5).await,
+        409,
+        Some("lock_ownership_lost"),
+    );
+}
+
+#[tokio::test]
+async fn release_rules() {
+    let server = MockServer::start().await;
+    let raw = Raw::new(&server);
+    assert_eq!(
+        raw.release("job", A).await.status,
+        204,
+        "absent lock releases fine"
+    );
+    raw.acquire("job", A, 30).await;
+    assert_error(
+        &raw.release("job", B).await,
+        409,
+        Some("lock_ownership_lost"),
+    );
+    let released = raw.release("job", A).await;
+    assert_eq!(released.status, 204);
+    assert_eq!(released.body, Value::Null, "204 has no body");
+    assert_eq!(raw.get("job").await.body, json!({"held": false}));
+    assert_eq!(raw.release("job", A).await.status, 204, "idempotent");
+}
+
+#[tokio::test]
+async fn force_release_always_204() {
+    let server = MockServer::start().await;
+    let raw = Raw::new(&server);
+    assert_eq!(raw.force_release("job").await.status, 204);
+    raw.acquire("job", A, 30).await;
+    assert_eq!(raw.force_release("job").await.status, 204);
+    assert_eq!(raw.get("job").await.body, json!({"held": false}));
+}
+
+#[tokio::test]
+async fn fencing_tokens_rise_across_release_expiry_and_force_release() {
+    let server = MockServer::start().await;
+    let raw = Raw::new(&server);
+    let tokens = [
+        A,
+        B,
+        "cccccccc-cccc-4ccc-8ccc-cccccccccccc",
+        "dddddddd-dddd-4ddd-8ddd-dddddddddddd",
+    ];
+    let mut fences = vec![raw.acquire("job", tokens[0], 30).await.fence()];
+    raw.release("job", tokens[0]).await;
+    fences.push(raw.acquire("job", tokens[1], 5).await.fence());
+    server.advance(Duration::from_secs(7)); // expiry + grace: takeover
+    fences.push(raw.acquire("job", tokens[2], 30).await.fence());
+    raw.force_release("job").await;
+    fences.push(raw.acquire("job", tokens[3], 30).await.fence());
+    assert_eq!(fences, [1, 2, 3, 4]);
+    let state = raw.get("job").await;
+    assert_eq!(state.body["fencing_token"], 4);
+    // Reset forgets leases but never reuses a fencing token.
+    server.reset();
+    assert_eq!(raw.acquire("job", A, 30).await.fence(), 5);
+}
+
+#[tokio::test]
+async fn ninety_day_cap_is_absolute() {
+    let server = MockServer::start().await;
+    let raw = Raw::new(&server);
+    let start = raw.acquire("job", A, 7_776_000).await.expires();
+    server.advance(Duration::from_secs(89 * 86_400));
+    let renewed = raw.renew("job", A, 7_776_000).await;
+    assert_eq!(renewed.status, 200);
+    assert_eq!(
+        renewed.expires(),
+        start,
+        "renewal cannot pass acquisition + 90 days"
+    );
+    let reacquired = raw.acquire("job", A, 7_776_000).await;
+    assert_eq!(reacquired.expires(), start);
+    server.advance(Duration::from_secs(86_400));
+    assert_error(
+        &raw.renew("job", A, 30).await,
+        409,
+        Some("lock_ownership_lost"),
+    );
+}
+
+#[tokio::test]
+async fn quota_gives_429_with_retry_after() {
+    let server = MockServer::builder().rate_limit(3).start().await;
+    let raw = Raw::new(&server);
+    for _ in 0..3 {
+        assert_eq!(raw.get("job").await.status, 200);
+    }
+    let limited = raw.get("job").await;
+    assert_error(&limited, 429, Some("lock_rate_limited"));
+    let retry_after: u64 = limited.headers["retry-after"]
+        .to_str()
+        .unwrap()
+        .parse()
+        .unwrap();
+    assert!((1..=60).contains(&retry_after), "{retry_after}");
+    server.advance(Duration::from_secs(retry_after));
+    assert_eq!(raw.get("job").await.status, 200, "a new window");
+}
+
+#[tokio::test]
+async fn concurrent_acquires_have_exactly_one_winner_per_round() {
+    let server = MockServer::start().await;
+    let raw = std::sync::Arc::new(Raw::new(&server));
+    for round in 0..5 {
+        let tasks: Vec<_> = (0..32)
+            .map(|_| {
+                let raw = raw.clone();
+                tokio::spawn(async move {
+                    let token = uuid::Uuid::new_v4().to_string();
+                    let answer = raw.acquire("contended", &token, 30).await;
+                    (answer.status.as_u16(), token)
+                })
+            })
+            .collect();
+        let mut winners = Vec::new();
+        for task in tasks {
+            let (status, token) = task.await.unwrap();
+            match status {
+                201 => winners.push(token),
+                409 => {}
+                other => panic!("unexpected status {other}"),
+            }
+        }
+        assert_eq!(winners.len(), 1, "round {round}");
+        assert_eq!(raw.release("contended", &winners[0]).await.status, 204);
+    }
+}
+
+#[tokio::test]
+async fn faults_status_is_not_applied_drop_is_applied_reset_is_not() {
+    let server = MockServer::start().await;
+    let raw = Raw::new(&server);
+
+    server.inject(Fault::status(503).on(Operation::Acquire).times(1));
+    assert_error(
+        &raw.acquire("job", A, 30).await,
+        503,
+        Some("lock_service_unavailable"),
+    );
+    assert!(
+        server.locks().is_empty(),
+        "a 503 fault does not apply the request"
+    );
+
+    server.inject(Fault::drop_response().on(Operation::Acquire).times(1));
+    let body = json!({ "ttl_seconds": 30 }).to_string();
+    let dropped = reqwest::Client::new()
+        .post(format!("{}/locks/job/lease", server.url()))
+        .bearer_auth(server.service_key())
+        .header("x-volcano-request-id", RID)
+        .header("x-volcano-lock-token", A)
+        .body(body.clone())
+        .send()
+        .await;
+    assert!(dropped.is_err(), "connection closed without an answer");
+    assert_eq!(server.locks().len(), 1, "the dropped acquire was applied");
+
+    server.inject(Fault::reset().on(Operation::Release).times(1));
+    let reset = reqwest::Client::new()
+        .delete(format!("{}/locks/job/lease", server.url()))
+        .bearer_auth(server.service_key())
+        .header("x-volcano-request-id", RID)
+        .header("x-volcano-lock-token", A)
+        .send()
+        .await;
+    assert!(reset.is_err());
+    assert_eq!(server.locks().len(), 1, "a reset happens before applying");
+
+    let faults: Vec<_> = server.requests().iter().map(|r| r.fault).collect();
+    assert_eq!(
+        faults,
+        [
+            Some(FaultKind::Status { status: 503 }),
+            Some(FaultKind::DropResponse),
+            Some(FaultKind::Reset)
+        ]
+    );
+    assert_eq!(
+        raw.release("job", A).await.status,
+        204,
+        "faults were used up"
+    );
+}
+
+#[tokio::test]
+async fn delay_fault_holds_the_request() {
+    let server = MockServer::start().await;
+    let raw = Raw::new(&server);
+    server.inject(
+        Fault::delay(Duration::from_millis(300))
+            .on(Operation::Get)
+            .times(1),
+    );
+    let started = std::time::Instant::now();
+    assert_eq!(raw.get("job").await.status, 200);
+    assert!(started.elapsed() >= Duration::from_millis(300));
+}
+
+#[tokio::test]
+async fn journal_records_operation_key_request_id_and_status() {
+    let server = MockServer::start().await;
+    let raw = Raw::new(&server);
+    raw.acquire("build:queue", A, 30).await;
+    raw.get("build%3Aqueue").await;
+    let journal = server.requests();
+    assert_eq!(journal.len(), 2);
+    assert_eq!(journal[0].operation, Operation::Acquire);
+    assert_eq!(journal[0].key, "build:queue");
+    assert_eq!(journal[0].request_id.as_deref(), Some(RID));
+    assert_eq!(journal[0].status, Some(201));
+    assert_eq!(journal[0].fencing_token, Some(1));
+    assert_eq!(
+        (journal[1].operation, journal[1].key.as_str()),
+        (Operation::Get, "build:queue")
+    );
+    assert!(journal[0].seq < journal[1].seq);
+}
+
+#[tokio::test]
+async fn expired_leases_are_swept() {
+    let server = MockServer::start().await;
+    let raw = Raw::new(&server);
+    for i in 0..200 {
+        raw.acquire(&format!("k{i}"), A, 5).await;
+    }
+    assert_eq!(server.lease_count(), 200);
+    server.advance(Duration::from_secs(7));
+    // The sweeper runs once a second; wait for it with a bound.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while server.lease_count() > 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    assert_eq!(server.lease_count(), 0);
+}
+
+#[tokio::test]
+async fn control_api_over_http() {
+    let server = MockServer::start().await;
+    let raw = Raw::new(&server);
+    let http = reqwest::Client::new();
+    let control = |path: &str| format!("{}/__mock/{path}", server.url());
+
+    let added = http
+        .post(control("faults"))
+        .body(r#"{"kind":"status","status":503,"operation":"get","times":1}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(added.status(), 201);
+    assert_eq!(raw.get("job").await.status, 503);
+    assert_eq!(raw.get("job").await.status, 200);
+
+    let bad = http
+        .post(control("faults"))
+        .body(r#"{"kind":"explode"}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+
+    raw.acquire("job", A, 5).await;
+    let locks: Value = http
+        .get(control("locks"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(locks[0]["key"], "job");
+    assert_eq!(locks[0]["held"], true);
+
+    let advanced = http
+        .post(control("advance"))
+        .body(r#"{"seconds": 10}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(advanced.status(), 200);
+    assert_eq!(raw.get("job").await.body, json!({"held": false}));
+
+    let requests: Value = http
+        .get(control("requests"))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(requests.as_array().unwrap().len(), 4);
+    assert_eq!(requests[0]["status"], 503);
+
+    assert_eq!(
+        http.post(control("reset")).send().await.unwrap().status(),
+        204
+    );
+    assert!(server.requests().is_empty());
+    assert_eq!(
+        http.delete(control("faults"))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        204
+    );
+}
