@@ -2,13 +2,14 @@
 
 use std::fmt;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
 use reqwest::header::HeaderValue;
 
 use crate::error::{Error, Result};
-use crate::locks::Locks;
+use crate::locks::{LeaseClock, Locks};
 use crate::transport::Transport;
 
 /// The production API URL.
@@ -42,6 +43,9 @@ pub struct Client {
 
 struct Inner {
     transport: Transport,
+    lease_clock: LeaseClock,
+    /// Renewal tasks alive right now (one per running scoped lock).
+    renewals: Arc<AtomicUsize>,
     /// Required at construction, as in the other SDKs; lock calls never send it.
     #[allow(dead_code)]
     anon_key: String,
@@ -116,8 +120,28 @@ impl Client {
         self.inner.transport.timeout()
     }
 
+    /// How many scoped-lock renewal tasks of this client are alive right
+    /// now: one per running `with_lock`, zero once they have all ended.
+    ///
+    /// ```no_run
+    /// # fn demo(client: volcano::Client) {
+    /// println!("{} locks renewing", client.active_renewals());
+    /// # }
+    /// ```
+    pub fn active_renewals(&self) -> usize {
+        self.inner.renewals.load(Ordering::SeqCst)
+    }
+
     pub(crate) fn transport(&self) -> &Transport {
         &self.inner.transport
+    }
+
+    pub(crate) fn lease_clock(&self) -> &LeaseClock {
+        &self.inner.lease_clock
+    }
+
+    pub(crate) fn renewal_counter(&self) -> &Arc<AtomicUsize> {
+        &self.inner.renewals
     }
 }
 
@@ -148,6 +172,7 @@ pub struct ClientBuilder {
     api_url: Option<String>,
     timeout: Option<Duration>,
     allow_insecure_http: bool,
+    lease_clock: Option<LeaseClock>,
 }
 
 impl ClientBuilder {
@@ -184,6 +209,13 @@ impl ClientBuilder {
         self
     }
 
+    /// The clock scoped locks measure their deadline with (default:
+    /// [`LeaseClock::boottime`]). Tests can pass [`LeaseClock::adjustable`].
+    pub fn lease_clock(mut self, clock: LeaseClock) -> Self {
+        self.lease_clock = Some(clock);
+        self
+    }
+
     /// Checks the configuration and builds the client.
     pub fn build(self) -> Result<Client> {
         let anon_key = self
@@ -215,6 +247,8 @@ impl ClientBuilder {
             inner: Arc::new(Inner {
                 transport: Transport::new(base_url, auth, timeout)?,
                 anon_key,
+                lease_clock: self.lease_clock.unwrap_or_default(),
+                renewals: Arc::new(AtomicUsize::new(0)),
             }),
         })
     }
@@ -229,6 +263,7 @@ impl fmt::Debug for ClientBuilder {
             .field("api_url", &self.api_url)
             .field("timeout", &self.timeout)
             .field("allow_insecure_http", &self.allow_insecure_http)
+            .field("lease_clock", &self.lease_clock)
             .finish()
     }
 }

@@ -329,6 +329,9 @@ pub enum LostReason {
     NoSafeWindow,
     /// The protected code called `mark_lost`.
     Marked,
+    /// The scoped lock ended and its lease was released (seen by guard
+    /// clones that outlive `with_lock`).
+    Released,
 }
 
 /// Ownership of a scoped lock was lost. Stop protected work: another holder
@@ -352,13 +355,11 @@ impl LockLost {
         }
     }
 
-    #[allow(dead_code)] // used by the scoped-lock guard
     pub(crate) fn with_detail(mut self, detail: impl Into<String>) -> Self {
         self.detail = Some(detail.into());
         self
     }
 
-    #[allow(dead_code)] // used by the scoped-lock guard
     pub(crate) fn with_cause(mut self, cause: Error) -> Self {
         self.cause = Some(Arc::new(cause));
         self
@@ -387,6 +388,7 @@ impl fmt::Display for LockLost {
             LostReason::Expired => "lease expired before renewal completed",
             LostReason::NoSafeWindow => "renewal returned no safe lease window",
             LostReason::Marked => "marked lost",
+            LostReason::Released => "the scoped lock ended and was released",
         };
         write!(f, "lock {:?} lost: {why}", self.key)?;
         if let Some(detail) = &self.detail {

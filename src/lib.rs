@@ -44,7 +44,7 @@ pub use error::{
     ApiError, Error, InvalidReason, InvalidResponse, LockLost, LostReason, Result, TransportError,
 };
 pub use locks::lease::{LockLease, LockState};
-pub use locks::Locks;
+pub use locks::{LeaseClock, LockGuard, Locks, WithLock};
 pub use transport::{LOCK_TOKEN_HEADER, REQUEST_ID_HEADER};
 pub use validate::{MAX_KEY_LEN, MAX_TTL, MIN_TTL};
 

@@ -3,7 +3,12 @@
 //! Every operation returns a builder; optional parameters are builder
 //! methods, and `.await` sends the request.
 
+mod clock;
+mod guard;
 pub(crate) mod lease;
+
+pub use clock::LeaseClock;
+pub use guard::{LockGuard, WithLock};
 
 use std::future::{Future, IntoFuture};
 use std::pin::Pin;

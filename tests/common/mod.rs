@@ -133,3 +133,54 @@ fn request_complete(buf: &[u8]) -> bool {
         .unwrap_or(0);
     buf.len() >= end + 4 + length
 }
+
+/// Waits until `condition` holds, checking every 10 ms, for at most `limit`.
+/// Returns whether it held: a wait on a condition, not a blind sleep.
+pub async fn eventually(limit: Duration, mut condition: impl FnMut() -> bool) -> bool {
+    let deadline = tokio::time::Instant::now() + limit;
+    loop {
+        if condition() {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A wiremock responder that moves a lease clock forward before answering:
+/// "this request took `by`" without waiting for it.
+pub struct AdvanceThen {
+    pub clock: volcano::LeaseClock,
+    pub by: Duration,
+    pub response: ResponseTemplate,
+}
+
+impl wiremock::Respond for AdvanceThen {
+    fn respond(&self, _: &wiremock::Request) -> ResponseTemplate {
+        self.clock.advance(self.by);
+        self.response.clone()
+    }
+}
+
+/// A client whose scoped locks use `clock`.
+pub fn client_with_clock(url: &str, clock: &volcano::LeaseClock) -> Client {
+    Client::builder()
+        .anon_key(ANON_KEY)
+        .service_key(SERVICE_KEY)
+        .api_url(url)
+        .timeout(Duration::from_secs(5))
+        .lease_clock(clock.clone())
+        .build()
+        .expect("test client")
+}
+
+/// The HTTP methods the server received, in order.
+pub async fn methods(server: &MockServer) -> Vec<String> {
+    received(server)
+        .await
+        .iter()
+        .map(|r| r.method.to_string())
+        .collect()
+}

@@ -1,0 +1,232 @@
+//! Scoped locks end to end against the stateful mock server: faults
+//! survived, losses noticed in time, and release on every exit.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::eventually;
+use volcano::{Client, Error, LostReason};
+use volcano_mock_server::{Fault, MockServer, Operation};
+
+const TTL: Duration = Duration::from_secs(5);
+
+fn client(server: &MockServer) -> Client {
+    Client::builder()
+        .anon_key(server.anon_key())
+        .service_key(server.service_key())
+        .api_url(server.url())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap()
+}
+
+fn renewals(server: &MockServer) -> usize {
+    server
+        .requests()
+        .iter()
+        .filter(|r| r.operation == Operation::Renew && r.status == Some(200))
+        .count()
+}
+
+#[tokio::test]
+async fn a_503_and_a_dropped_renewal_answer_are_survived_without_loss() {
+    let server = MockServer::start().await;
+    server.inject(Fault::status(503).on(Operation::Renew).times(1));
+    server.inject(Fault::drop_response().on(Operation::Renew).times(1));
+    let client = client(&server);
+    let srv = &server;
+    let fence = client
+        .locks()
+        .with_lock("job", TTL, |guard| async move {
+            // The first renewal gets a 503, its retry is applied but its
+            // answer dropped, the next retry succeeds; then one more.
+            let renewed = eventually(Duration::from_secs(8), || renewals(srv) >= 3).await;
+            assert!(renewed, "journal: {:?}", srv.requests());
+            assert!(!guard.is_lost(), "{:?}", guard.failure());
+            Ok::<_, Error>(guard.lease().fencing_token())
+        })
+        .await
+        .unwrap();
+    assert_eq!(fence, 1);
+    assert!(server.locks().is_empty(), "released");
+    assert_eq!(client.active_renewals(), 0);
+    let faults: Vec<_> = server.requests().iter().filter_map(|r| r.fault).collect();
+    assert_eq!(faults.len(), 2, "both faults were hit");
+}
+
+#[tokio::test]
+async fn a_rejected_renewal_marks_the_guard_lost_within_one_renewal_period() {
+    let server = MockServer::start().await;
+    let locks = client(&server).locks();
+    let admin = &locks;
+    let err = locks
+        .with_lock("job", TTL, |guard| async move {
+            let locks = admin;
+            locks.force_release("job").await?;
+            let stolen = locks.acquire("job", TTL).await?;
+            let started = tokio::time::Instant::now();
+            // Renewal period for ttl 5 is about 1.67 s (+10 % jitter).
+            assert!(guard.wait_lost(Duration::from_secs(3)).await);
+            assert!(
+                started.elapsed() < Duration::from_millis(2_500),
+                "{:?}",
+                started.elapsed()
+            );
+            let failure = guard.failure().unwrap();
+            assert_eq!(failure.reason(), LostReason::RenewalFailed);
+            assert!(failure.cause().unwrap().is_ownership_lost());
+            locks.release(&stolen).await?;
+            Ok::<_, Error>(())
+        })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::LockLost(_)), "{err:?}");
+    assert!(err.is_ownership_lost());
+}
+
+#[tokio::test]
+async fn the_guard_reports_a_stalled_renewal_before_the_server_expires_the_lease() {
+    let server = MockServer::start().await;
+    server.inject(Fault::delay(Duration::from_secs(30)).on(Operation::Renew));
+    let srv = &server;
+    let err = client(&server)
+        .locks()
+        .with_lock("job", TTL, |guard| async move {
+            let server = srv;
+            let server_expiry = server.locks()[0].expires_at;
+            guard.lost().await;
+            let margin = server_expiry - server.now();
+            assert!(
+                margin > chrono::TimeDelta::zero(),
+                "guard reported {margin} before the server's expiry"
+            );
+            Ok::<_, Error>(())
+        })
+        .await
+        .unwrap_err();
+    match err {
+        Error::LockLost(lost) => assert_eq!(lost.reason(), LostReason::Expired),
+        other => panic!("{other:?}"),
+    }
+}
+
+#[tokio::test]
+async fn dropping_the_future_stops_renewal_and_releases() {
+    let server = MockServer::start().await;
+    let client = client(&server);
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel();
+    let locks = client.locks();
+    let task = tokio::spawn(async move {
+        locks
+            .with_lock("job", TTL, |_guard| async move {
+                let _ = started_tx.send(());
+                std::future::pending::<Result<(), Error>>().await
+            })
+            .await
+    });
+    started_rx.await.unwrap();
+    assert_eq!(server.locks().len(), 1);
+    assert_eq!(client.active_renewals(), 1);
+    task.abort();
+    assert!(task.await.unwrap_err().is_cancelled());
+    assert!(
+        eventually(Duration::from_secs(5), || server.locks().is_empty()).await,
+        "the best-effort release ran"
+    );
+    assert!(eventually(Duration::from_secs(1), || client.active_renewals() == 0).await);
+}
+
+#[tokio::test]
+async fn a_panic_in_the_closure_releases_then_continues() {
+    let server = MockServer::start().await;
+    let client = client(&server);
+    let locks = client.locks();
+    let task = tokio::spawn(async move {
+        locks
+            .with_lock("job", TTL, |_guard| async move {
+                if true {
+                    panic!("job exploded");
+                }
+                Ok::<_, Error>(())
+            })
+            .await
+    });
+    let err = task.await.unwrap_err();
+    assert!(err.is_panic());
+    let message = err.into_panic();
+    assert_eq!(message.downcast_ref::<&str>(), Some(&"job exploded"));
+    assert!(
+        server.locks().is_empty(),
+        "released before the panic continued"
+    );
+    assert_eq!(client.active_renewals(), 0);
+    let ops: Vec<_> = server.requests().iter().map(|r| r.operation).collect();
+    assert_eq!(ops, [Operation::Acquire, Operation::Release]);
+}
+
+#[tokio::test]
+async fn cancel_on_loss_drops_the_closure_and_returns_lock_lost() {
+    let server = MockServer::start().await;
+    let locks = client(&server).locks();
+    let dropped = Arc::new(AtomicBool::new(false));
+    struct SetOnDrop(Arc<AtomicBool>);
+    impl Drop for SetOnDrop {
+        fn drop(&mut self) {
+            self.0.store(true, Ordering::SeqCst);
+        }
+    }
+    let flag = SetOnDrop(dropped.clone());
+    let admin = locks.clone();
+    let err = locks
+        .with_lock("job", TTL, |_guard| async move {
+            let _flag = flag;
+            admin.force_release("job").await?;
+            std::future::pending::<Result<(), Error>>().await
+        })
+        .cancel_on_loss()
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::LockLost(_)), "{err:?}");
+    assert!(
+        dropped.load(Ordering::SeqCst),
+        "the closure's future was dropped"
+    );
+}
+
+#[tokio::test]
+async fn two_workers_one_lock() {
+    let server = MockServer::start().await;
+    let locks = client(&server).locks();
+    let (held_tx, held_rx) = tokio::sync::oneshot::channel();
+    let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
+    let first = {
+        let locks = locks.clone();
+        tokio::spawn(async move {
+            locks
+                .with_lock("report", TTL, |guard| async move {
+                    let _ = held_tx.send(guard.lease().fencing_token());
+                    let _ = done_rx.await;
+                    Ok::<_, Error>(())
+                })
+                .await
+        })
+    };
+    let fence = held_rx.await.unwrap();
+    let err = locks
+        .with_lock("report", TTL, |_guard| async { Ok::<_, Error>(()) })
+        .await
+        .unwrap_err();
+    assert!(err.is_lock_held(), "{err:?}");
+    done_tx.send(()).unwrap();
+    first.await.unwrap().unwrap();
+    let second = locks
+        .with_lock("report", TTL, |guard| async move {
+            Ok::<_, Error>(guard.lease().fencing_token())
+        })
+        .await
+        .unwrap();
+    assert!(second > fence);
+}
