@@ -1,0 +1,154 @@
+//! A periodic job under `with_lock`: two workers tick every second; whoever
+//! holds the lock runs the job, writing in chunks to a store that checks
+//! fencing tokens, and stops as soon as its guard says the lock is lost.
+//!
+//! ```sh
+//! cargo run --example worker            # in-process mock server, 5 ticks
+//! WORKER_TICKS=20 cargo run --example worker
+//! ```
+//!
+//! With `VOLCANO_API_URL`, `VOLCANO_SERVICE_KEY` and `VOLCANO_ANON_KEY` set it
+//! uses that server (lock key `volcano-example-worker`).
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use volcano::{Client, Error, LockGuard};
+use volcano_mock_server::MockServer;
+
+/// A store that refuses writes carrying a fencing token older than the
+/// newest it has accepted.
+#[derive(Default)]
+struct FencedStore {
+    inner: Mutex<(i64, Vec<String>)>,
+}
+
+impl FencedStore {
+    fn append(&self, fence: i64, line: String) -> Result<(), String> {
+        let mut inner = self.inner.lock().unwrap();
+        if fence < inner.0 {
+            return Err(format!("stale fencing token {fence} (newest {})", inner.0));
+        }
+        inner.0 = fence;
+        inner.1.push(line);
+        Ok(())
+    }
+}
+
+#[derive(Debug)]
+enum JobError {
+    Lock(Error),
+    Store(String),
+}
+
+impl From<Error> for JobError {
+    fn from(err: Error) -> Self {
+        JobError::Lock(err)
+    }
+}
+
+/// The protected job: five chunks, each written with the current fence.
+async fn nightly_report(
+    name: &str,
+    guard: LockGuard,
+    store: &FencedStore,
+) -> Result<u32, JobError> {
+    let mut written = 0;
+    for chunk in 1..=5 {
+        if guard.is_lost() {
+            println!("  {name}: lost the lock; stopping after {written} chunks");
+            break;
+        }
+        let fence = guard.lease().fencing_token();
+        store
+            .append(fence, format!("{name} chunk {chunk} (fence {fence})"))
+            .map_err(JobError::Store)?;
+        written += 1;
+        tokio::time::sleep(Duration::from_millis(150)).await;
+    }
+    Ok(written)
+}
+
+async fn worker(
+    name: &'static str,
+    client: Client,
+    key: &'static str,
+    ticks: u32,
+    store: Arc<FencedStore>,
+) {
+    let locks = client.locks();
+    let mut tick = tokio::time::interval(Duration::from_secs(1));
+    for _ in 0..ticks {
+        tick.tick().await;
+        let store = store.clone();
+        let result = locks
+            .with_lock(key, Duration::from_secs(15), |guard| async move {
+                let fence = guard.lease().fencing_token();
+                println!("{name}: running the job with fencing token {fence}");
+                nightly_report(name, guard, &store).await
+            })
+            .await;
+        match result {
+            Ok(chunks) => println!("{name}: done, {chunks} chunks written, lock released"),
+            Err(JobError::Lock(err)) if err.is_lock_held() => {
+                println!("{name}: another worker runs the job this tick")
+            }
+            Err(JobError::Store(refusal)) => {
+                println!("{name}: the store refused a write: {refusal}")
+            }
+            Err(JobError::Lock(err)) => println!("{name}: job failed: {err}"),
+        }
+    }
+}
+
+#[tokio::main]
+async fn main() -> Result<(), Box<dyn std::error::Error>> {
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "off".into()),
+        )
+        .init();
+    let ticks = std::env::var("WORKER_TICKS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(5);
+
+    let (client, _mock, key) = if std::env::var_os(volcano::ENV_API_URL).is_some() {
+        (Client::from_env()?, None, "volcano-example-worker")
+    } else {
+        let server = MockServer::start().await;
+        let client = Client::builder()
+            .anon_key(server.anon_key())
+            .service_key(server.service_key())
+            .api_url(server.url())
+            .build()?;
+        println!("(in-process mock lock server at {})", server.url());
+        (client, Some(server), "nightly-report")
+    };
+
+    let store = Arc::new(FencedStore::default());
+    let a = tokio::spawn(worker(
+        "worker-a",
+        client.clone(),
+        key,
+        ticks,
+        store.clone(),
+    ));
+    let b = tokio::spawn(worker(
+        "worker-b",
+        client.clone(),
+        key,
+        ticks,
+        store.clone(),
+    ));
+    a.await?;
+    b.await?;
+
+    let inner = store.inner.lock().unwrap();
+    println!(
+        "\nThe store accepted {} chunks; newest fencing token {}.",
+        inner.1.len(),
+        inner.0
+    );
+    Ok(())
+}
