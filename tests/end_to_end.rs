@@ -1,28 +1,21 @@
 //! The SDK against the stateful mock server: the live contract scenarios
 //! 59–61 and acquire's retry recovering a lost answer.
 
+mod common;
+
 use std::time::Duration;
 
+use common::mock_client;
 use volcano::{Client, Error};
 use volcano_mock_server::{Fault, MockServer, Operation};
 
 const TOKEN: &str = "0B6F1A43-5B52-4F4E-9D51-1F6C3C7E2A10";
 const RID: &str = "6d0c8f5e-1f0a-4b7e-9f43-6a1d2b3c4d5e";
 
-fn client(server: &MockServer) -> Client {
-    Client::builder()
-        .anon_key(server.anon_key())
-        .service_key(server.service_key())
-        .api_url(server.url())
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap()
-}
-
 #[tokio::test]
 async fn scenario_59_acquire_release_acquire_again_with_a_new_token() {
     let server = MockServer::start().await;
-    let locks = client(&server).locks();
+    let locks = mock_client(&server).locks();
     let first = locks
         .acquire("sdk-locks-001", Duration::from_secs(10))
         .await
@@ -41,7 +34,7 @@ async fn scenario_59_acquire_release_acquire_again_with_a_new_token() {
 #[tokio::test]
 async fn scenario_60_recovery_with_caller_token_and_request_id() {
     let server = MockServer::start().await;
-    let locks = client(&server).locks();
+    let locks = mock_client(&server).locks();
     let ttl = Duration::from_secs(30);
     let first = locks
         .acquire("sdk-locks-002", ttl)
@@ -75,7 +68,7 @@ async fn scenario_60_recovery_with_caller_token_and_request_id() {
 #[tokio::test]
 async fn scenario_61_force_release_then_reacquire_with_higher_fence() {
     let server = MockServer::start().await;
-    let locks = client(&server).locks();
+    let locks = mock_client(&server).locks();
     let ttl = Duration::from_secs(30);
     let first = locks.acquire("sdk-locks-003", ttl).await.unwrap();
     locks
@@ -99,7 +92,7 @@ async fn scenario_61_force_release_then_reacquire_with_higher_fence() {
 async fn acquire_retry_recovers_an_acquisition_whose_answer_was_dropped() {
     let server = MockServer::start().await;
     server.inject(Fault::drop_response().on(Operation::Acquire).times(1));
-    let lease = client(&server)
+    let lease = mock_client(&server)
         .locks()
         .acquire("nightly", Duration::from_secs(30))
         .await
@@ -127,7 +120,7 @@ async fn acquire_retry_recovers_an_acquisition_whose_answer_was_dropped() {
 #[tokio::test]
 async fn acquire_retry_gets_through_one_503_and_a_reset() {
     let server = MockServer::start().await;
-    let locks = client(&server).locks();
+    let locks = mock_client(&server).locks();
     server.inject(Fault::status(503).on(Operation::Acquire).times(1));
     let lease = locks.acquire("a", Duration::from_secs(30)).await.unwrap();
     assert_eq!(lease.fencing_token(), 1);
@@ -148,7 +141,7 @@ async fn acquire_retry_gets_through_one_503_and_a_reset() {
 #[tokio::test]
 async fn contention_and_expiry_through_the_sdk() {
     let server = MockServer::start().await;
-    let locks = client(&server).locks();
+    let locks = mock_client(&server).locks();
     let ttl = Duration::from_secs(5);
     let holder = locks.acquire("job", ttl).await.unwrap();
     let err = locks.acquire("job", ttl).await.unwrap_err();
@@ -184,7 +177,7 @@ async fn wrong_credentials_map_to_authentication_errors() {
 #[tokio::test]
 async fn rate_limit_is_reported_with_retry_after() {
     let server = MockServer::builder().rate_limit(1).start().await;
-    let locks = client(&server).locks();
+    let locks = mock_client(&server).locks();
     locks.get("job").await.unwrap();
     let err = locks.get("job").await.unwrap_err();
     assert!(matches!(err, Error::RateLimited(_)), "{err:?}");

@@ -7,21 +7,11 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use common::eventually;
-use volcano::{Client, Error, LostReason};
+use common::{eventually, mock_client};
+use volcano::{Error, LostReason};
 use volcano_mock_server::{Fault, MockServer, Operation};
 
 const TTL: Duration = Duration::from_secs(5);
-
-fn client(server: &MockServer) -> Client {
-    Client::builder()
-        .anon_key(server.anon_key())
-        .service_key(server.service_key())
-        .api_url(server.url())
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap()
-}
 
 fn renewals(server: &MockServer) -> usize {
     server
@@ -36,7 +26,7 @@ async fn a_503_and_a_dropped_renewal_answer_are_survived_without_loss() {
     let server = MockServer::start().await;
     server.inject(Fault::status(503).on(Operation::Renew).times(1));
     server.inject(Fault::drop_response().on(Operation::Renew).times(1));
-    let client = client(&server);
+    let client = mock_client(&server);
     let srv = &server;
     let fence = client
         .locks()
@@ -60,7 +50,7 @@ async fn a_503_and_a_dropped_renewal_answer_are_survived_without_loss() {
 #[tokio::test]
 async fn a_rejected_renewal_marks_the_guard_lost_within_one_renewal_period() {
     let server = MockServer::start().await;
-    let locks = client(&server).locks();
+    let locks = mock_client(&server).locks();
     let admin = &locks;
     let err = locks
         .with_lock("job", TTL, |guard| async move {
@@ -92,7 +82,7 @@ async fn the_guard_reports_a_stalled_renewal_before_the_server_expires_the_lease
     let server = MockServer::start().await;
     server.inject(Fault::delay(Duration::from_secs(30)).on(Operation::Renew));
     let srv = &server;
-    let err = client(&server)
+    let err = mock_client(&server)
         .locks()
         .with_lock("job", TTL, |guard| async move {
             let server = srv;
@@ -116,7 +106,7 @@ async fn the_guard_reports_a_stalled_renewal_before_the_server_expires_the_lease
 #[tokio::test]
 async fn dropping_the_future_stops_renewal_and_releases() {
     let server = MockServer::start().await;
-    let client = client(&server);
+    let client = mock_client(&server);
     let (started_tx, started_rx) = tokio::sync::oneshot::channel();
     let locks = client.locks();
     let task = tokio::spawn(async move {
@@ -142,7 +132,7 @@ async fn dropping_the_future_stops_renewal_and_releases() {
 #[tokio::test]
 async fn a_panic_in_the_closure_releases_then_continues() {
     let server = MockServer::start().await;
-    let client = client(&server);
+    let client = mock_client(&server);
     let locks = client.locks();
     let task = tokio::spawn(async move {
         locks
@@ -170,7 +160,7 @@ async fn a_panic_in_the_closure_releases_then_continues() {
 #[tokio::test]
 async fn cancel_on_loss_drops_the_closure_and_returns_lock_lost() {
     let server = MockServer::start().await;
-    let locks = client(&server).locks();
+    let locks = mock_client(&server).locks();
     let dropped = Arc::new(AtomicBool::new(false));
     struct SetOnDrop(Arc<AtomicBool>);
     impl Drop for SetOnDrop {
@@ -199,7 +189,7 @@ async fn cancel_on_loss_drops_the_closure_and_returns_lock_lost() {
 #[tokio::test]
 async fn two_workers_one_lock() {
     let server = MockServer::start().await;
-    let locks = client(&server).locks();
+    let locks = mock_client(&server).locks();
     let (held_tx, held_rx) = tokio::sync::oneshot::channel();
     let (done_tx, done_rx) = tokio::sync::oneshot::channel::<()>();
     let first = {

@@ -10,21 +10,11 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::eventually;
-use volcano::{Client, Error};
+use common::{eventually, mock_client};
+use volcano::Error;
 use volcano_mock_server::{Fault, MockServer, Operation};
 
 const TTL: Duration = Duration::from_secs(5);
-
-fn client(server: &MockServer) -> Client {
-    Client::builder()
-        .anon_key(server.anon_key())
-        .service_key(server.service_key())
-        .api_url(server.url())
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap()
-}
 
 /// Captures everything logged on this thread.
 #[derive(Clone, Default)]
@@ -58,7 +48,7 @@ async fn logs_tell_the_story_without_secrets() {
     server.inject(Fault::status(503).on(Operation::Renew).times(1));
     server.inject(Fault::status(503).on(Operation::Acquire).times(1));
     let token = "AAAAAAAA-1111-4222-8333-BBBBBBBBBBBB";
-    let locks = client(&server).locks();
+    let locks = mock_client(&server).locks();
     let log = captured.clone();
     let logged = move |what: &str| String::from_utf8_lossy(&log.0.lock().unwrap()).contains(what);
     let err = locks

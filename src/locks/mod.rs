@@ -197,9 +197,18 @@ impl Common {
     }
 }
 
-/// Builder methods shared by all five request builders.
+/// Builder methods shared by all five request builders, and `.await`.
 macro_rules! common_methods {
-    ($builder:ident) => {
+    ($builder:ident => $output:ty) => {
+        impl IntoFuture for $builder {
+            type Output = Result<$output>;
+            type IntoFuture = BoxFuture<Self::Output>;
+
+            fn into_future(self) -> Self::IntoFuture {
+                Box::pin(self.send())
+            }
+        }
+
         impl $builder {
             /// Sends this request id (a UUID string, sent exactly as spelled)
             /// instead of a fresh one. Reuse it only to retry the same
@@ -242,7 +251,7 @@ pub struct Acquire {
     token: Option<String>,
 }
 
-common_methods!(Acquire);
+common_methods!(Acquire => LockLease);
 
 impl std::fmt::Debug for Acquire {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
@@ -289,15 +298,6 @@ impl Acquire {
     }
 }
 
-impl IntoFuture for Acquire {
-    type Output = Result<LockLease>;
-    type IntoFuture = BoxFuture<Self::Output>;
-
-    fn into_future(self) -> Self::IntoFuture {
-        Box::pin(self.send())
-    }
-}
-
 /// `locks.renew(&lease, ttl)`; see [`Locks::renew`].
 #[derive(Debug)]
 #[must_use = "a request builder does nothing until it is awaited"]
@@ -307,7 +307,7 @@ pub struct Renew {
     ttl: Duration,
 }
 
-common_methods!(Renew);
+common_methods!(Renew => LockLease);
 
 impl Renew {
     async fn send(mut self) -> Result<LockLease> {
@@ -336,15 +336,6 @@ impl Renew {
     }
 }
 
-impl IntoFuture for Renew {
-    type Output = Result<LockLease>;
-    type IntoFuture = BoxFuture<Self::Output>;
-
-    fn into_future(self) -> Self::IntoFuture {
-        Box::pin(self.send())
-    }
-}
-
 /// `locks.get(key)`; see [`Locks::get`].
 #[derive(Debug)]
 #[must_use = "a request builder does nothing until it is awaited"]
@@ -353,7 +344,7 @@ pub struct Get {
     key: String,
 }
 
-common_methods!(Get);
+common_methods!(Get => LockState);
 
 impl Get {
     async fn send(mut self) -> Result<LockState> {
@@ -368,15 +359,6 @@ impl Get {
     }
 }
 
-impl IntoFuture for Get {
-    type Output = Result<LockState>;
-    type IntoFuture = BoxFuture<Self::Output>;
-
-    fn into_future(self) -> Self::IntoFuture {
-        Box::pin(self.send())
-    }
-}
-
 /// `locks.release(&lease)`; see [`Locks::release`].
 #[derive(Debug)]
 #[must_use = "a request builder does nothing until it is awaited"]
@@ -385,7 +367,7 @@ pub struct Release {
     lease: LockLease,
 }
 
-common_methods!(Release);
+common_methods!(Release => ());
 
 impl Release {
     async fn send(mut self) -> Result<()> {
@@ -412,15 +394,6 @@ impl Release {
     }
 }
 
-impl IntoFuture for Release {
-    type Output = Result<()>;
-    type IntoFuture = BoxFuture<Self::Output>;
-
-    fn into_future(self) -> Self::IntoFuture {
-        Box::pin(self.send())
-    }
-}
-
 /// `locks.force_release(key)`; see [`Locks::force_release`].
 #[derive(Debug)]
 #[must_use = "a request builder does nothing until it is awaited"]
@@ -429,7 +402,7 @@ pub struct ForceRelease {
     key: String,
 }
 
-common_methods!(ForceRelease);
+common_methods!(ForceRelease => ());
 
 impl ForceRelease {
     async fn send(mut self) -> Result<()> {
@@ -441,14 +414,5 @@ impl ForceRelease {
             .await?;
         tracing::info!(key = %self.key, request_id, "lock force-released");
         Ok(())
-    }
-}
-
-impl IntoFuture for ForceRelease {
-    type Output = Result<()>;
-    type IntoFuture = BoxFuture<Self::Output>;
-
-    fn into_future(self) -> Self::IntoFuture {
-        Box::pin(self.send())
     }
 }

@@ -32,6 +32,17 @@ pub fn client_with_timeout(url: &str, timeout: Duration) -> Client {
         .expect("test client")
 }
 
+/// A client for a volcano mock server, with its keys.
+pub fn mock_client(server: &volcano_mock_server::MockServer) -> Client {
+    Client::builder()
+        .anon_key(server.anon_key())
+        .service_key(server.service_key())
+        .api_url(server.url())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .expect("mock server client")
+}
+
 /// A wiremock server whose unmatched requests get a descriptive 418, so a
 /// failing test says which request nobody expected.
 pub async fn server() -> MockServer {
