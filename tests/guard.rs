@@ -89,6 +89,7 @@ async fn the_guard_reports_a_stalled_renewal_before_the_server_expires_the_lease
             let server_expiry = server.locks()[0].expires_at;
             guard.lost().await;
             let margin = server_expiry - server.now();
+            eprintln!("guard reported the loss {margin} before the server's expiry");
             assert!(
                 margin > chrono::TimeDelta::zero(),
                 "guard reported {margin} before the server's expiry"
