@@ -429,6 +429,7 @@ pub struct WithLock<'f, F> {
     ttl: Duration,
     token: Option<String>,
     request_id: Option<String>,
+    wait: Option<Duration>,
     cancel_on_loss: bool,
     f: F,
     _scope: PhantomData<&'f ()>,
@@ -441,6 +442,7 @@ impl<F> std::fmt::Debug for WithLock<'_, F> {
             .field("ttl", &self.ttl)
             .field("token", &self.token.as_ref().map(|_| "[redacted]"))
             .field("request_id", &self.request_id)
+            .field("wait", &self.wait)
             .field("cancel_on_loss", &self.cancel_on_loss)
             .finish_non_exhaustive()
     }
@@ -488,6 +490,7 @@ impl Locks {
             ttl,
             token: None,
             request_id: None,
+            wait: None,
             cancel_on_loss: false,
             f,
             _scope: PhantomData,
@@ -505,6 +508,14 @@ impl<F> WithLock<'_, F> {
     /// Acquire with this request id; renewals and the release use fresh ones.
     pub fn request_id(mut self, request_id: impl Into<String>) -> Self {
         self.request_id = Some(request_id.into());
+        self
+    }
+
+    /// If the lock is held, wait up to `timeout` for it (see
+    /// [`Acquire::wait`](super::Acquire::wait)) before giving up with the
+    /// last `Error::Conflict`.
+    pub fn wait(mut self, timeout: Duration) -> Self {
+        self.wait = Some(timeout);
         self
     }
 
@@ -545,13 +556,13 @@ where
             ttl,
             token,
             request_id,
+            wait,
             cancel_on_loss,
             f,
             ..
         } = self;
         validate::ttl(ttl)?;
         let clock = locks.client().lease_clock().clone();
-        let started = clock.now();
         let mut acquire = locks.acquire(key, ttl);
         if let Some(token) = token {
             acquire = acquire.token(token);
@@ -559,7 +570,10 @@ where
         if let Some(request_id) = request_id {
             acquire = acquire.request_id(request_id);
         }
-        let lease = acquire.await?;
+        if let Some(timeout) = wait {
+            acquire = acquire.wait(timeout);
+        }
+        let (lease, started) = acquire.send_measured().await?;
         tracing::info!(
             key = lease.key(),
             fencing_token = lease.fencing_token(),

@@ -6,6 +6,7 @@
 mod clock;
 mod guard;
 pub(crate) mod lease;
+mod wait;
 
 pub use clock::LeaseClock;
 pub use guard::{LockGuard, WithLock};
@@ -76,6 +77,7 @@ impl Locks {
             key: key.into(),
             ttl,
             token: None,
+            wait: None,
         }
     }
 
@@ -249,6 +251,7 @@ pub struct Acquire {
     key: String,
     ttl: Duration,
     token: Option<String>,
+    wait: Option<Duration>,
 }
 
 common_methods!(Acquire => LockLease);
@@ -260,6 +263,7 @@ impl std::fmt::Debug for Acquire {
             .field("ttl", &self.ttl)
             .field("token", &self.token.as_ref().map(|_| "[redacted]"))
             .field("request_id", &self.common.request_id)
+            .field("wait", &self.wait)
             .finish_non_exhaustive()
     }
 }
@@ -273,7 +277,40 @@ impl Acquire {
         self
     }
 
-    async fn send(mut self) -> Result<LockLease> {
+    /// On `409 lock_held`, keep trying with the same ownership token until
+    /// the lock is acquired or `timeout` has passed; then the last
+    /// `Error::Conflict` is returned (so `is_lock_held()` stays true).
+    ///
+    /// Between tries the waiter sleeps until the holder's lease can be taken
+    /// over (learned with `get`) or for a jittered poll interval growing
+    /// from 100 ms to 1 s, whichever is sooner: a released lock is picked up
+    /// within about a second, and a waiter sends at most about 60 acquires
+    /// a minute. A 429 is honoured (`Retry-After`); transport failures and
+    /// 503 are tried again (the same token makes that safe); any other
+    /// error returns at once. Dropping the future stops it: nothing runs in
+    /// the background.
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: volcano::Locks) -> Result<(), volcano::Error> {
+    /// use std::time::Duration;
+    /// let lease = locks
+    ///     .acquire("schema-migration", Duration::from_secs(60))
+    ///     .wait(Duration::from_secs(120))
+    ///     .await?;
+    /// # let _ = lease; Ok(()) }
+    /// ```
+    pub fn wait(mut self, timeout: Duration) -> Self {
+        self.wait = Some(timeout);
+        self
+    }
+
+    async fn send(self) -> Result<LockLease> {
+        self.send_measured().await.map(|(lease, _)| lease)
+    }
+
+    /// Acquires and also returns the lease-clock reading taken just before
+    /// the try that succeeded: the earliest the lease can have started.
+    pub(crate) async fn send_measured(mut self) -> Result<(LockLease, Duration)> {
         let ttl = validate::ttl(self.ttl)?;
         validate::key(&self.key)?;
         self.common.check_timeout()?;
@@ -282,19 +319,67 @@ impl Acquire {
             None => validate::new_uuid(),
         };
         let request_id = self.common.request_id()?;
-        let body = self
-            .common
-            .send(Op::Acquire, &self.key, Some(&token), &request_id, Some(ttl))
-            .await?;
-        let lease = LockLease::decode(self.key, token, &expect_body(body))
-            .map_err(|r| invalid_response(r, 201, request_id.clone()))?;
+        let Some(timeout) = self.wait else {
+            return self.try_once(ttl, token, &request_id, None).await;
+        };
+        let mut waiter = wait::Waiter::new(timeout);
+        let client_timeout = self.common.timeout.unwrap_or(self.common.locks.client.timeout());
+        loop {
+            let limit = client_timeout.min(waiter.remaining().max(Duration::from_millis(1)));
+            let err = match self.try_once(ttl, token.clone(), &request_id, Some(limit)).await {
+                Ok(lease) => return Ok(lease),
+                Err(err) => err,
+            };
+            let (pause, learn_holder) = match waiter.after(err) {
+                wait::Step::Stop(err) => return Err(err),
+                wait::Step::Retry { pause, learn_holder } => (pause, learn_holder),
+            };
+            if learn_holder {
+                if let Ok(state) = self.common.locks.get(self.key.clone()).timeout(limit).await {
+                    waiter.holder(state.held(), state.expires_at());
+                }
+            }
+            tracing::debug!(
+                key = %self.key,
+                request_id,
+                pause_ms = pause.as_millis() as u64,
+                "lock held; waiting"
+            );
+            tokio::time::sleep(pause.min(waiter.remaining())).await;
+            if let Some(conflict) = waiter.timed_out() {
+                return Err(conflict);
+            }
+        }
+    }
+
+    /// One acquire (with its own single retry on transport failure or 503),
+    /// with the lease-clock reading taken before it was sent.
+    async fn try_once(
+        &self,
+        ttl: u64,
+        token: String,
+        request_id: &str,
+        timeout: Option<Duration>,
+    ) -> Result<(LockLease, Duration)> {
+        let sent_at = self.common.locks.client.lease_clock().now();
+        let call = Call {
+            op: Op::Acquire,
+            key: &self.key,
+            token: Some(&token),
+            request_id,
+            ttl_secs: Some(ttl),
+            timeout: timeout.or(self.common.timeout),
+        };
+        let body = self.common.locks.client.transport().execute(&call).await?;
+        let lease = LockLease::decode(self.key.clone(), token, &expect_body(body))
+            .map_err(|r| invalid_response(r, 201, request_id.to_owned()))?;
         tracing::debug!(
             key = lease.key(),
             fencing_token = lease.fencing_token(),
             request_id,
             "lock acquired"
         );
-        Ok(lease)
+        Ok((lease, sent_at))
     }
 }
 

@@ -1,0 +1,121 @@
+//! Waiting for a held lock: `locks.acquire(key, ttl).wait(timeout)`.
+//!
+//! Between tries the waiter sleeps until the holder's lease can be taken
+//! over (its `expires_at` + 1 s grace, learned with one `get` and read again
+//! only once that moment has passed) or for a jittered poll interval that
+//! grows from 100 ms to 1 s, whichever is sooner, and never past the
+//! caller's timeout. A long waiter therefore sends at most about 60
+//! acquires a minute plus one `get` per holder expiry it outlives.
+
+use std::time::Duration;
+
+use chrono::Utc;
+use tokio::time::Instant;
+
+use crate::error::Error;
+
+/// First poll interval.
+pub(crate) const POLL_MIN: Duration = Duration::from_millis(100);
+/// Longest poll interval: bounds how late a released lock is noticed and
+/// how many requests a waiter sends (about 60 acquires a minute).
+pub(crate) const POLL_MAX: Duration = Duration::from_secs(1);
+/// The service's takeover grace after `expires_at`.
+const TAKEOVER_GRACE: Duration = Duration::from_secs(1);
+
+/// What the waiter does after a failed try.
+pub(crate) enum Step {
+    /// Try again after this pause; `learn_holder` asks for a `get` first.
+    Retry { pause: Duration, learn_holder: bool },
+    /// Stop and return this error.
+    Stop(Error),
+}
+
+/// The state of one waiting acquire.
+pub(crate) struct Waiter {
+    deadline: Instant,
+    poll: Duration,
+    /// When the known holder's lease can be taken over (local time).
+    holder_free_at: Option<Instant>,
+    /// The newest `409`: what a timed-out wait returns.
+    last_conflict: Option<Error>,
+    /// The newest other error worth waiting through (429, 503, transport).
+    last_other: Option<Error>,
+}
+
+impl Waiter {
+    pub(crate) fn new(timeout: Duration) -> Self {
+        Waiter {
+            deadline: Instant::now() + timeout,
+            poll: POLL_MIN,
+            holder_free_at: None,
+            last_conflict: None,
+            last_other: None,
+        }
+    }
+
+    /// Time left before the caller's timeout.
+    pub(crate) fn remaining(&self) -> Duration {
+        self.deadline.saturating_duration_since(Instant::now())
+    }
+
+    /// Decides what follows a failed try.
+    pub(crate) fn after(&mut self, err: Error) -> Step {
+        let now = Instant::now();
+        let poll = self.next_poll();
+        let (pause, learn_holder) = match &err {
+            Error::Conflict(_) => {
+                let until_free = self.holder_free_at.filter(|t| *t > now).map(|t| t - now);
+                self.last_conflict = Some(err);
+                (until_free.map_or(poll, |u| u.min(poll)), until_free.is_none())
+            }
+            Error::RateLimited(_) => {
+                let pause = err.retry_after().unwrap_or(poll).max(poll);
+                self.last_other = Some(err);
+                (pause, false)
+            }
+            // The same token makes another try safe.
+            _ if err.is_transport() || err.status() == Some(503) => {
+                self.last_other = Some(err);
+                (poll, false)
+            }
+            _ => return Step::Stop(err),
+        };
+        match self.timed_out() {
+            Some(err) => Step::Stop(err),
+            None => Step::Retry {
+                pause: pause.min(self.remaining()),
+                learn_holder,
+            },
+        }
+    }
+
+    /// Once the timeout has passed: the error to return (the last conflict
+    /// if there was one, so `is_lock_held()` stays true).
+    pub(crate) fn timed_out(&mut self) -> Option<Error> {
+        if Instant::now() < self.deadline {
+            return None;
+        }
+        self.last_conflict.take().or_else(|| self.last_other.take())
+    }
+
+    /// Records what `get` said about the holder: when its lease can be
+    /// taken over, as a local instant. Clock skew only costs a poll.
+    pub(crate) fn holder(&mut self, held: bool, expires_at: Option<chrono::DateTime<Utc>>) {
+        let now = Instant::now();
+        self.holder_free_at = match (held, expires_at) {
+            (false, _) => Some(now),
+            (true, Some(expires_at)) => {
+                let left = (expires_at - Utc::now()).to_std().unwrap_or_default();
+                Some(now + left + TAKEOVER_GRACE)
+            }
+            (true, None) => None,
+        };
+    }
+
+    /// The next poll interval: ±20 % jitter, growing by half up to 1 s.
+    fn next_poll(&mut self) -> Duration {
+        let base = self.poll;
+        self.poll = (self.poll * 3 / 2).min(POLL_MAX);
+        base.mul_f64(0.8 + 0.4 * rand::random::<f64>())
+    }
+}

@@ -1,0 +1,201 @@
+//! Waiting for a held lock: `acquire(..).wait(timeout)` and
+//! `with_lock(..).wait(timeout)` against the mock server.
+
+mod common;
+
+use std::time::Duration;
+
+use common::{eventually, mock_client};
+use tokio::time::Instant;
+use volcano::Error;
+use volcano_mock_server::{MockServer, Operation, RecordedRequest};
+
+const TTL: Duration = Duration::from_secs(5);
+
+fn count(server: &MockServer, op: Operation, status: Option<u16>) -> usize {
+    server
+        .requests()
+        .iter()
+        .filter(|r: &&RecordedRequest| r.operation == op && (status.is_none() || r.status == status))
+        .count()
+}
+
+#[tokio::test]
+async fn a_waiter_acquires_right_after_the_holder_releases() {
+    let server = MockServer::start().await;
+    let locks = mock_client(&server).locks();
+    let holder = locks.acquire("job", TTL).await.unwrap();
+    let waiter = {
+        let locks = locks.clone();
+        tokio::spawn(async move {
+            let lease = locks.acquire("job", TTL).wait(Duration::from_secs(20)).await;
+            (lease, Instant::now())
+        })
+    };
+    // Let the waiter settle into its longest poll interval first.
+    assert!(eventually(Duration::from_secs(10), || count(&server, Operation::Acquire, Some(409)) >= 8).await);
+    locks.release(&holder).await.unwrap();
+    let released = Instant::now();
+    let (lease, acquired) = waiter.await.unwrap();
+    let lease = lease.expect("the waiter gets the lock");
+    let delay = acquired - released;
+    eprintln!("release-to-acquire delay: {delay:?}");
+    assert!(lease.fencing_token() > holder.fencing_token());
+    assert!(delay < Duration::from_secs(3), "picked up after {delay:?}");
+}
+
+#[tokio::test]
+async fn a_waiter_acquires_after_the_holders_lease_expires() {
+    let server = MockServer::start().await;
+    let locks = mock_client(&server).locks();
+    let crashed = locks.acquire("job", TTL).await.unwrap();
+    let waiter = {
+        let locks = locks.clone();
+        tokio::spawn(async move { locks.acquire("job", TTL).wait(Duration::from_secs(20)).await })
+    };
+    assert!(eventually(Duration::from_secs(5), || count(&server, Operation::Get, None) >= 1).await);
+    server.advance(TTL + Duration::from_secs(1));
+    let lease = waiter.await.unwrap().expect("acquired after expiry");
+    assert!(lease.fencing_token() > crashed.fencing_token());
+}
+
+#[tokio::test]
+async fn a_waiter_times_out_with_the_last_conflict() {
+    let server = MockServer::start().await;
+    let locks = mock_client(&server).locks();
+    let _holder = locks.acquire("job", Duration::from_secs(60)).await.unwrap();
+    let started = Instant::now();
+    let err = locks
+        .acquire("job", TTL)
+        .wait(Duration::from_millis(1_500))
+        .await
+        .unwrap_err();
+    let took = started.elapsed();
+    assert!(err.is_lock_held(), "{err:?}");
+    assert!(took >= Duration::from_millis(1_500), "{took:?}");
+    assert!(took < Duration::from_millis(2_500), "never much past the timeout: {took:?}");
+    // The same token on every try.
+    let tokens: std::collections::HashSet<_> = server
+        .requests()
+        .iter()
+        .filter(|r| r.operation == Operation::Acquire && r.status == Some(409))
+        .map(|r| r.request_id.clone())
+        .collect();
+    assert_eq!(tokens.len(), 1, "one logical call, one request id");
+}
+
+#[tokio::test]
+async fn a_cancelled_waiter_sends_nothing_more() {
+    let server = MockServer::start().await;
+    let locks = mock_client(&server).locks();
+    let _holder = locks.acquire("job", Duration::from_secs(60)).await.unwrap();
+    let waiter = {
+        let locks = locks.clone();
+        tokio::spawn(async move { locks.acquire("job", TTL).wait(Duration::from_secs(60)).await })
+    };
+    assert!(eventually(Duration::from_secs(5), || count(&server, Operation::Acquire, Some(409)) >= 3).await);
+    waiter.abort();
+    assert!(waiter.await.unwrap_err().is_cancelled());
+    let before = server.requests().len();
+    // Watch for longer than the longest poll interval: nothing arrives.
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    assert_eq!(server.requests().len(), before);
+}
+
+#[tokio::test]
+async fn a_waiter_stays_within_its_request_budget() {
+    let window = std::env::var("VOLCANO_WAIT_WINDOW_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map_or(Duration::from_secs(6), Duration::from_secs);
+    let server = MockServer::start().await;
+    let locks = mock_client(&server).locks();
+    // The holder renews in the background for the whole window.
+    let holding = {
+        let locks = locks.clone();
+        tokio::spawn(async move {
+            locks
+                .with_lock("job", TTL, |_guard| async move {
+                    tokio::time::sleep(window + Duration::from_secs(2)).await;
+                    Ok::<_, Error>(())
+                })
+                .await
+        })
+    };
+    assert!(eventually(Duration::from_secs(5), || count(&server, Operation::Acquire, Some(201)) == 1).await);
+    let err = locks.acquire("job", TTL).wait(window).await.unwrap_err();
+    assert!(err.is_lock_held());
+    let tries = count(&server, Operation::Acquire, Some(409));
+    let gets = count(&server, Operation::Get, None);
+    let per_minute = (tries + gets) as f64 * 60.0 / window.as_secs_f64();
+    eprintln!(
+        "waiter over {window:?}: {tries} acquires + {gets} gets = {per_minute:.0} requests/minute"
+    );
+    // Documented budget: polls grow from 100 ms to 1 s (±20 %), so at most
+    // 8 tries in the first 2 s and then about one a second; one get per
+    // holder expiry it outlives.
+    let secs = window.as_secs_f64();
+    assert!(tries as f64 <= 8.0 + secs / 0.8, "{tries} tries in {window:?}");
+    assert!(gets as f64 <= 1.0 + secs / 3.0, "{gets} gets in {window:?}");
+    holding.await.unwrap().unwrap();
+}
+
+#[tokio::test]
+async fn a_waiter_honours_the_quota_without_overshooting_its_timeout() {
+    let server = MockServer::builder().rate_limit(4).start().await;
+    let locks = mock_client(&server).locks();
+    let _holder = locks.acquire("job", Duration::from_secs(60)).await.unwrap();
+    let started = Instant::now();
+    let err = locks
+        .acquire("job", TTL)
+        .wait(Duration::from_secs(2))
+        .await
+        .unwrap_err();
+    assert!(err.is_lock_held(), "the last conflict, not the 429: {err:?}");
+    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
+    assert!(count(&server, Operation::Acquire, Some(429)) >= 1, "the quota was hit");
+}
+
+#[tokio::test]
+async fn other_errors_end_the_wait_at_once() {
+    let server = MockServer::start().await;
+    let err = volcano::Client::builder()
+        .anon_key(server.anon_key())
+        .service_key("wrong")
+        .api_url(server.url())
+        .build()
+        .unwrap()
+        .locks()
+        .acquire("job", TTL)
+        .wait(Duration::from_secs(30))
+        .await
+        .unwrap_err();
+    assert_eq!(err.status(), Some(401));
+    assert_eq!(server.requests().len(), 1);
+}
+
+#[tokio::test]
+async fn with_lock_can_wait_and_its_guard_starts_fresh() {
+    let server = MockServer::start().await;
+    let locks = mock_client(&server).locks();
+    let holder = locks.acquire("job", TTL).await.unwrap();
+    let waiting = {
+        let locks = locks.clone();
+        tokio::spawn(async move {
+            locks
+                .with_lock("job", TTL, |guard| async move {
+                    assert!(!guard.is_lost());
+                    assert!(guard.remaining() > Duration::from_secs(4), "{:?}", guard.remaining());
+                    Ok::<_, Error>(guard.lease().fencing_token())
+                })
+                .wait(Duration::from_secs(20))
+                .await
+        })
+    };
+    // Hold the lock for longer than the waiter's ttl: its deadline must be
+    // measured from the try that succeeded, not from when it began waiting.
+    assert!(eventually(Duration::from_secs(10), || count(&server, Operation::Acquire, Some(409)) >= 9).await);
+    locks.release(&holder).await.unwrap();
+    let fence = waiting.await.unwrap().unwrap();
+    assert!(fence > holder.fencing_token());
+}
