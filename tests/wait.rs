@@ -16,7 +16,9 @@ fn count(server: &MockServer, op: Operation, status: Option<u16>) -> usize {
     server
         .requests()
         .iter()
-        .filter(|r: &&RecordedRequest| r.operation == op && (status.is_none() || r.status == status))
+        .filter(|r: &&RecordedRequest| {
+            r.operation == op && (status.is_none() || r.status == status)
+        })
         .count()
 }
 
@@ -28,12 +30,22 @@ async fn a_waiter_acquires_right_after_the_holder_releases() {
     let waiter = {
         let locks = locks.clone();
         tokio::spawn(async move {
-            let lease = locks.acquire("job", TTL).wait(Duration::from_secs(20)).await;
+            let lease = locks
+                .acquire("job", TTL)
+                .wait(Duration::from_secs(20))
+                .await;
             (lease, Instant::now())
         })
     };
     // Let the waiter settle into its longest poll interval first.
-    assert!(eventually(Duration::from_secs(10), || count(&server, Operation::Acquire, Some(409)) >= 8).await);
+    assert!(
+        eventually(Duration::from_secs(10), || count(
+            &server,
+            Operation::Acquire,
+            Some(409)
+        ) >= 8)
+        .await
+    );
     locks.release(&holder).await.unwrap();
     let released = Instant::now();
     let (lease, acquired) = waiter.await.unwrap();
@@ -51,9 +63,21 @@ async fn a_waiter_acquires_after_the_holders_lease_expires() {
     let crashed = locks.acquire("job", TTL).await.unwrap();
     let waiter = {
         let locks = locks.clone();
-        tokio::spawn(async move { locks.acquire("job", TTL).wait(Duration::from_secs(20)).await })
+        tokio::spawn(async move {
+            locks
+                .acquire("job", TTL)
+                .wait(Duration::from_secs(20))
+                .await
+        })
     };
-    assert!(eventually(Duration::from_secs(5), || count(&server, Operation::Get, None) >= 1).await);
+    assert!(
+        eventually(Duration::from_secs(5), || count(
+            &server,
+            Operation::Get,
+            None
+        ) >= 1)
+        .await
+    );
     server.advance(TTL + Duration::from_secs(1));
     let lease = waiter.await.unwrap().expect("acquired after expiry");
     assert!(lease.fencing_token() > crashed.fencing_token());
@@ -73,7 +97,10 @@ async fn a_waiter_times_out_with_the_last_conflict() {
     let took = started.elapsed();
     assert!(err.is_lock_held(), "{err:?}");
     assert!(took >= Duration::from_millis(1_500), "{took:?}");
-    assert!(took < Duration::from_millis(2_500), "never much past the timeout: {took:?}");
+    assert!(
+        took < Duration::from_millis(2_500),
+        "never much past the timeout: {took:?}"
+    );
     // The same token on every try.
     let tokens: std::collections::HashSet<_> = server
         .requests()
@@ -91,9 +118,21 @@ async fn a_cancelled_waiter_sends_nothing_more() {
     let _holder = locks.acquire("job", Duration::from_secs(60)).await.unwrap();
     let waiter = {
         let locks = locks.clone();
-        tokio::spawn(async move { locks.acquire("job", TTL).wait(Duration::from_secs(60)).await })
+        tokio::spawn(async move {
+            locks
+                .acquire("job", TTL)
+                .wait(Duration::from_secs(60))
+                .await
+        })
     };
-    assert!(eventually(Duration::from_secs(5), || count(&server, Operation::Acquire, Some(409)) >= 3).await);
+    assert!(
+        eventually(Duration::from_secs(5), || count(
+            &server,
+            Operation::Acquire,
+            Some(409)
+        ) >= 3)
+        .await
+    );
     waiter.abort();
     assert!(waiter.await.unwrap_err().is_cancelled());
     let before = server.requests().len();
@@ -122,7 +161,14 @@ async fn a_waiter_stays_within_its_request_budget() {
                 .await
         })
     };
-    assert!(eventually(Duration::from_secs(5), || count(&server, Operation::Acquire, Some(201)) == 1).await);
+    assert!(
+        eventually(Duration::from_secs(5), || count(
+            &server,
+            Operation::Acquire,
+            Some(201)
+        ) == 1)
+        .await
+    );
     let err = locks.acquire("job", TTL).wait(window).await.unwrap_err();
     assert!(err.is_lock_held());
     let tries = count(&server, Operation::Acquire, Some(409));
@@ -135,7 +181,10 @@ async fn a_waiter_stays_within_its_request_budget() {
     // 8 tries in the first 2 s and then about one a second; one get per
     // holder expiry it outlives.
     let secs = window.as_secs_f64();
-    assert!(tries as f64 <= 8.0 + secs / 0.8, "{tries} tries in {window:?}");
+    assert!(
+        tries as f64 <= 8.0 + secs / 0.8,
+        "{tries} tries in {window:?}"
+    );
     assert!(gets as f64 <= 1.0 + secs / 3.0, "{gets} gets in {window:?}");
     holding.await.unwrap().unwrap();
 }
@@ -151,9 +200,19 @@ async fn a_waiter_honours_the_quota_without_overshooting_its_timeout() {
         .wait(Duration::from_secs(2))
         .await
         .unwrap_err();
-    assert!(err.is_lock_held(), "the last conflict, not the 429: {err:?}");
-    assert!(started.elapsed() < Duration::from_secs(3), "{:?}", started.elapsed());
-    assert!(count(&server, Operation::Acquire, Some(429)) >= 1, "the quota was hit");
+    assert!(
+        err.is_lock_held(),
+        "the last conflict, not the 429: {err:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(3),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(
+        count(&server, Operation::Acquire, Some(429)) >= 1,
+        "the quota was hit"
+    );
 }
 
 #[tokio::test]
@@ -185,7 +244,11 @@ async fn with_lock_can_wait_and_its_guard_starts_fresh() {
             locks
                 .with_lock("job", TTL, |guard| async move {
                     assert!(!guard.is_lost());
-                    assert!(guard.remaining() > Duration::from_secs(4), "{:?}", guard.remaining());
+                    assert!(
+                        guard.remaining() > Duration::from_secs(4),
+                        "{:?}",
+                        guard.remaining()
+                    );
                     Ok::<_, Error>(guard.lease().fencing_token())
                 })
                 .wait(Duration::from_secs(20))
@@ -194,7 +257,14 @@ async fn with_lock_can_wait_and_its_guard_starts_fresh() {
     };
     // Hold the lock for longer than the waiter's ttl: its deadline must be
     // measured from the try that succeeded, not from when it began waiting.
-    assert!(eventually(Duration::from_secs(10), || count(&server, Operation::Acquire, Some(409)) >= 9).await);
+    assert!(
+        eventually(Duration::from_secs(10), || count(
+            &server,
+            Operation::Acquire,
+            Some(409)
+        ) >= 9)
+        .await
+    );
     locks.release(&holder).await.unwrap();
     let fence = waiting.await.unwrap().unwrap();
     assert!(fence > holder.fencing_token());

@@ -323,16 +323,25 @@ impl Acquire {
             return self.try_once(ttl, token, &request_id, None).await;
         };
         let mut waiter = wait::Waiter::new(timeout);
-        let client_timeout = self.common.timeout.unwrap_or(self.common.locks.client.timeout());
+        let client_timeout = self
+            .common
+            .timeout
+            .unwrap_or(self.common.locks.client.timeout());
         loop {
             let limit = client_timeout.min(waiter.remaining().max(Duration::from_millis(1)));
-            let err = match self.try_once(ttl, token.clone(), &request_id, Some(limit)).await {
+            let err = match self
+                .try_once(ttl, token.clone(), &request_id, Some(limit))
+                .await
+            {
                 Ok(lease) => return Ok(lease),
                 Err(err) => err,
             };
             let (pause, learn_holder) = match waiter.after(err) {
                 wait::Step::Stop(err) => return Err(err),
-                wait::Step::Retry { pause, learn_holder } => (pause, learn_holder),
+                wait::Step::Retry {
+                    pause,
+                    learn_holder,
+                } => (pause, learn_holder),
             };
             if learn_holder {
                 if let Ok(state) = self.common.locks.get(self.key.clone()).timeout(limit).await {

@@ -66,7 +66,10 @@ impl Waiter {
             Error::Conflict(_) => {
                 let until_free = self.holder_free_at.filter(|t| *t > now).map(|t| t - now);
                 self.last_conflict = Some(err);
-                (until_free.map_or(poll, |u| u.min(poll)), until_free.is_none())
+                (
+                    until_free.map_or(poll, |u| u.min(poll)),
+                    until_free.is_none(),
+                )
             }
             Error::RateLimited(_) => {
                 let pause = err.retry_after().unwrap_or(poll).max(poll);

@@ -1,0 +1,445 @@
+//! `volcano`: admin CLI for Volcano project locks (feature `cli`).
+//!
+//! ```sh
+//! cargo run --features cli --bin volcano -- locks get daily-report
+//! ```
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::process::ExitCode;
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+use serde_json::{json, Value};
+use volcano::{Client, Error, LockLease, LockState};
+
+/// Exit codes, one per error class.
+mod exit {
+    pub const OTHER: u8 = 1;
+    pub const INVALID: u8 = 2;
+    pub const CONFLICT: u8 = 3;
+    pub const AUTH: u8 = 4;
+    pub const RATE_LIMITED: u8 = 5;
+    pub const UNAVAILABLE: u8 = 6;
+    pub const ABORTED: u8 = 7;
+}
+
+const AFTER_HELP: &str = "\
+Exit codes: 0 ok, 1 other error, 2 invalid argument, 3 conflict (lock held or
+ownership lost), 4 authentication, 5 rate limited, 6 server or transport error
+(outcome unknown), 7 force-release not confirmed.
+
+Credentials come from VOLCANO_SERVICE_KEY, VOLCANO_ANON_KEY and VOLCANO_API_URL;
+flags override them.";
+
+/// Inspect and recover Volcano project locks.
+#[derive(Debug, Parser)]
+#[command(name = "volcano", version, after_help = AFTER_HELP)]
+struct Cli {
+    /// Output format.
+    #[arg(long, global = true, value_enum, default_value_t = Output::Text)]
+    output: Output,
+    /// API URL.
+    #[arg(long, global = true, env = "VOLCANO_API_URL", default_value = volcano::DEFAULT_API_URL)]
+    api_url: String,
+    /// Service-role key (prefer the environment variable: flags show up in `ps`).
+    #[arg(
+        long,
+        global = true,
+        env = "VOLCANO_SERVICE_KEY",
+        hide_env_values = true
+    )]
+    service_key: Option<String>,
+    /// Anon key.
+    #[arg(long, global = true, env = "VOLCANO_ANON_KEY", hide_env_values = true)]
+    anon_key: Option<String>,
+    /// Per-request timeout, e.g. 10s.
+    #[arg(long, global = true, value_parser = parse_duration, default_value = "60s")]
+    timeout: Duration,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+enum Output {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+enum Command {
+    /// Lock operations.
+    #[command(subcommand)]
+    Locks(Locks),
+}
+
+#[derive(Debug, Subcommand)]
+enum Locks {
+    /// Show whether KEY is held, until when, and the holder's fencing token.
+    Get {
+        key: String,
+        #[command(flatten)]
+        ids: RequestId,
+    },
+    /// Acquire KEY.
+    ///
+    /// To be able to renew or release the lease later, choose the ownership
+    /// token yourself (`--token $(uuidgen)`) or ask to see the generated one
+    /// (`--show-token`). If acquire fails with exit code 6 the lease may have
+    /// been granted anyway: run the same command again with the same --token
+    /// and --request-id to recover it.
+    Acquire {
+        key: String,
+        /// Lease duration, whole seconds (5s to 90 days), e.g. 30 or 5m.
+        #[arg(long, value_parser = parse_duration)]
+        ttl: Duration,
+        /// Ownership token (a UUID); default: a new one.
+        #[arg(long)]
+        token: Option<String>,
+        /// If the lock is held, keep trying this long, e.g. 30s.
+        #[arg(long, value_parser = parse_duration)]
+        wait: Option<Duration>,
+        /// Print the ownership token (a secret: anyone with it can release the lease).
+        #[arg(long)]
+        show_token: bool,
+        #[command(flatten)]
+        ids: RequestId,
+    },
+    /// Renew the lease on KEY owned by --token.
+    Renew {
+        key: String,
+        /// Ownership token of the lease.
+        #[arg(long)]
+        token: String,
+        /// New lease duration from now, whole seconds.
+        #[arg(long, value_parser = parse_duration)]
+        ttl: Duration,
+        #[command(flatten)]
+        ids: RequestId,
+    },
+    /// Release the lease on KEY owned by --token.
+    Release {
+        key: String,
+        /// Ownership token of the lease.
+        #[arg(long)]
+        token: String,
+        #[command(flatten)]
+        ids: RequestId,
+    },
+    /// Drop whatever lease holds KEY (recovery after a holder died).
+    ///
+    /// This breaks mutual exclusion: the displaced holder keeps running until
+    /// its next renewal fails. Use it only when the protected resource checks
+    /// fencing tokens.
+    ForceRelease {
+        key: String,
+        /// Do not ask for confirmation.
+        #[arg(long)]
+        yes: bool,
+        #[command(flatten)]
+        ids: RequestId,
+    },
+}
+
+#[derive(Debug, Args)]
+struct RequestId {
+    /// Request id (a UUID) for correlating with the service's logs.
+    #[arg(long)]
+    request_id: Option<String>,
+}
+
+/// A failure with its exit code.
+struct Failure {
+    code: u8,
+    message: String,
+    error: Option<Box<Error>>,
+}
+
+impl From<Error> for Failure {
+    fn from(error: Error) -> Self {
+        let code = match &error {
+            Error::InvalidArgument(_) => exit::INVALID,
+            Error::Conflict(_) | Error::LockLost(_) => exit::CONFLICT,
+            Error::Authentication(_) => exit::AUTH,
+            Error::RateLimited(_) => exit::RATE_LIMITED,
+            Error::Server(_) | Error::Transport(_) => exit::UNAVAILABLE,
+            _ => exit::OTHER,
+        };
+        Failure {
+            code,
+            message: error.to_string(),
+            error: Some(Box::new(error)),
+        }
+    }
+}
+
+fn fail(code: u8, message: impl Into<String>) -> Failure {
+    Failure {
+        code,
+        message: message.into(),
+        error: None,
+    }
+}
+
+#[tokio::main(flavor = "current_thread")]
+async fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let output = cli.output;
+    match run(cli).await {
+        Ok(value) => {
+            print(output, &value);
+            ExitCode::SUCCESS
+        }
+        Err(failure) => {
+            report(output, &failure);
+            ExitCode::from(failure.code)
+        }
+    }
+}
+
+async fn run(cli: Cli) -> Result<Value, Failure> {
+    let mut builder = Client::builder().api_url(&cli.api_url).timeout(cli.timeout);
+    match cli.anon_key {
+        Some(key) => builder = builder.anon_key(key),
+        None => {
+            return Err(fail(
+                exit::INVALID,
+                "no anon key: set VOLCANO_ANON_KEY or pass --anon-key",
+            ))
+        }
+    }
+    if let Some(key) = cli.service_key {
+        builder = builder.service_key(key);
+    }
+    let locks = builder.build()?.locks();
+    let Command::Locks(command) = cli.command;
+    match command {
+        Locks::Get { key, ids } => {
+            let mut get = locks.get(&key);
+            if let Some(id) = ids.request_id {
+                get = get.request_id(id);
+            }
+            Ok(state_json(&key, &get.await?))
+        }
+        Locks::Acquire {
+            key,
+            ttl,
+            token,
+            wait,
+            show_token,
+            ids,
+        } => {
+            let chosen = token.is_some();
+            let mut acquire = locks.acquire(&key, ttl);
+            if let Some(token) = token {
+                acquire = acquire.token(token);
+            }
+            if let Some(id) = ids.request_id {
+                acquire = acquire.request_id(id);
+            }
+            if let Some(wait) = wait {
+                acquire = acquire.wait(wait);
+            }
+            let lease = acquire.await?;
+            let mut value = lease_json(&lease, show_token);
+            if !show_token && !chosen {
+                value["note"] = "the generated ownership token is not shown; \
+                    use --token or --show-token to be able to renew or release"
+                    .into();
+            }
+            Ok(value)
+        }
+        Locks::Renew {
+            key,
+            token,
+            ttl,
+            ids,
+        } => {
+            let lease = LockLease::new(&key, token, chrono::Utc::now(), 0);
+            let mut renew = locks.renew(&lease, ttl);
+            if let Some(id) = ids.request_id {
+                renew = renew.request_id(id);
+            }
+            Ok(lease_json(&renew.await?, false))
+        }
+        Locks::Release { key, token, ids } => {
+            let lease = LockLease::new(&key, token, chrono::Utc::now(), 0);
+            let mut release = locks.release(&lease);
+            if let Some(id) = ids.request_id {
+                release = release.request_id(id);
+            }
+            release.await?;
+            Ok(json!({ "key": key, "released": true }))
+        }
+        Locks::ForceRelease { key, yes, ids } => {
+            eprintln!(
+                "warning: force-release breaks mutual exclusion: the current holder of {key:?} keeps \
+                 running until its next renewal fails. It is safe only if the protected resource \
+                 checks fencing tokens."
+            );
+            if !yes {
+                confirm(&key)?;
+            }
+            let mut force = locks.force_release(&key);
+            if let Some(id) = ids.request_id {
+                force = force.request_id(id);
+            }
+            force.await?;
+            Ok(json!({ "key": key, "force_released": true }))
+        }
+    }
+}
+
+/// Asks on a terminal for the key to be typed back.
+fn confirm(key: &str) -> Result<(), Failure> {
+    let stdin = std::io::stdin();
+    if !stdin.is_terminal() {
+        return Err(fail(
+            exit::INVALID,
+            "refusing to force-release without --yes: standard input is not a terminal",
+        ));
+    }
+    eprint!("Type the key ({key}) to force-release it: ");
+    let _ = std::io::stderr().flush();
+    let mut answer = String::new();
+    stdin
+        .lock()
+        .read_line(&mut answer)
+        .map_err(|e| fail(exit::ABORTED, format!("no confirmation: {e}")))?;
+    if answer.trim() == key {
+        Ok(())
+    } else {
+        Err(fail(exit::ABORTED, "not confirmed; nothing was released"))
+    }
+}
+
+fn state_json(key: &str, state: &LockState) -> Value {
+    json!({
+        "key": key,
+        "held": state.held(),
+        "expires_at": state.expires_at().map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)),
+        "fencing_token": state.fencing_token(),
+    })
+}
+
+fn lease_json(lease: &LockLease, show_token: bool) -> Value {
+    let mut value = json!({
+        "key": lease.key(),
+        "held": true,
+        "expires_at": lease.expires_at().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        "fencing_token": lease.fencing_token(),
+    });
+    if show_token {
+        value["token"] = lease.token().into();
+    }
+    value
+}
+
+fn print(output: Output, value: &Value) {
+    if output == Output::Json {
+        println!("{value}");
+        return;
+    }
+    let key = value["key"].as_str().unwrap_or_default();
+    if value.get("released").is_some() {
+        println!("released {key}");
+    } else if value.get("force_released").is_some() {
+        println!("force-released {key}");
+    } else if value["held"] == true {
+        println!(
+            "{key}: held until {} (fencing token {})",
+            value["expires_at"].as_str().unwrap_or("?"),
+            value["fencing_token"]
+        );
+        if let Some(token) = value.get("token").and_then(Value::as_str) {
+            println!("token: {token}");
+        }
+        if let Some(note) = value.get("note").and_then(Value::as_str) {
+            eprintln!("note: {note}");
+        }
+    } else {
+        println!("{key}: free");
+    }
+}
+
+fn report(output: Output, failure: &Failure) {
+    let error = failure.error.as_deref();
+    let status = error.and_then(Error::status);
+    let code = error.and_then(Error::code);
+    let request_id = error.and_then(Error::request_id);
+    let retry_after = error.and_then(Error::retry_after).map(|d| d.as_secs());
+    if output == Output::Json {
+        let value = json!({
+            "error": failure.message,
+            "exit_code": failure.code,
+            "status": status,
+            "code": code,
+            "request_id": request_id,
+            "retry_after_secs": retry_after,
+        });
+        eprintln!("{value}");
+        return;
+    }
+    let mut details = Vec::new();
+    if let Some(status) = status {
+        details.push(format!("status {status}"));
+    }
+    if let Some(code) = code {
+        details.push(format!("code {code}"));
+    }
+    if let Some(id) = request_id {
+        details.push(format!("request id {id}"));
+    }
+    if let Some(secs) = retry_after {
+        details.push(format!("retry after {secs}s"));
+    }
+    if details.is_empty() {
+        eprintln!("volcano: {}", failure.message);
+    } else {
+        eprintln!("volcano: {} [{}]", failure.message, details.join(", "));
+    }
+}
+
+/// `500ms`, `10s`, `5m`, `2h`, `90d`, or a bare number of seconds.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration like 30s, 500ms, 5m"))?;
+    let per_unit = match unit {
+        "" | "s" => Duration::from_secs(1),
+        "ms" => Duration::from_millis(1),
+        "m" => Duration::from_secs(60),
+        "h" => Duration::from_secs(3_600),
+        "d" => Duration::from_secs(86_400),
+        other => {
+            return Err(format!(
+                "unknown unit {other:?} in {text:?} (use ms, s, m, h or d)"
+            ))
+        }
+    };
+    per_unit
+        .checked_mul(u32::try_from(n).map_err(|_| format!("{text:?} is too long"))?)
+        .ok_or_else(|| format!("{text:?} is too long"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("30"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("90d"), Ok(Duration::from_secs(7_776_000)));
+        for bad in ["", "s", "-5", "1.5s", "10 parsecs", "99999999999999s"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+}

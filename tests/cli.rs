@@ -1,0 +1,354 @@
+//! The `volcano` admin CLI, run as a process against the mock server.
+#![cfg(feature = "cli")]
+
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::process::Command;
+use volcano_mock_server::{Fault, MockServer, Operation};
+
+const TOKEN: &str = "aaaaaaaa-bbbb-4ccc-8ddd-eeeeeeeeeeee";
+const RID: &str = "11111111-2222-4333-8444-555555555555";
+
+struct Run {
+    code: i32,
+    stdout: String,
+    stderr: String,
+}
+
+impl Run {
+    fn json(&self) -> Value {
+        serde_json::from_str(self.stdout.trim()).unwrap_or_else(|e| panic!("{e}: {}", self.stdout))
+    }
+    fn error_json(&self) -> Value {
+        let line = self.stderr.lines().last().unwrap_or_default();
+        serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {}", self.stderr))
+    }
+}
+
+async fn volcano(server: &MockServer, args: &[&str]) -> Run {
+    volcano_with_key(server, server.service_key(), args).await
+}
+
+async fn volcano_with_key(server: &MockServer, service_key: &str, args: &[&str]) -> Run {
+    let output = Command::new(env!("CARGO_BIN_EXE_volcano"))
+        .args(args)
+        .env_clear()
+        .env("VOLCANO_API_URL", server.url())
+        .env("VOLCANO_SERVICE_KEY", service_key)
+        .env("VOLCANO_ANON_KEY", server.anon_key())
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .expect("the CLI runs");
+    Run {
+        code: output.status.code().unwrap_or(-1),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+#[tokio::test]
+async fn get_acquire_renew_release_in_both_formats() {
+    let server = MockServer::start().await;
+
+    let free = volcano(&server, &["locks", "get", "daily-report"]).await;
+    assert_eq!(
+        (free.code, free.stdout.trim()),
+        (0, "daily-report: free"),
+        "{}",
+        free.stderr
+    );
+    let free = volcano(
+        &server,
+        &["--output", "json", "locks", "get", "daily-report"],
+    )
+    .await;
+    assert_eq!(
+        free.json(),
+        serde_json::json!({"key": "daily-report", "held": false, "expires_at": null, "fencing_token": null})
+    );
+
+    let acquired = volcano(
+        &server,
+        &[
+            "--output",
+            "json",
+            "locks",
+            "acquire",
+            "daily-report",
+            "--ttl",
+            "30s",
+            "--token",
+            TOKEN,
+            "--request-id",
+            RID,
+        ],
+    )
+    .await;
+    assert_eq!(acquired.code, 0, "{}", acquired.stderr);
+    let lease = acquired.json();
+    assert_eq!(lease["key"], "daily-report");
+    assert_eq!(lease["held"], true);
+    assert_eq!(lease["fencing_token"], 1);
+    assert!(lease["expires_at"].as_str().unwrap().ends_with('Z'));
+    assert!(lease.get("token").is_none(), "tokens only on request");
+    assert_eq!(server.requests()[2].request_id.as_deref(), Some(RID));
+
+    let held = volcano(&server, &["locks", "get", "daily-report"]).await;
+    assert!(
+        held.stdout.starts_with("daily-report: held until "),
+        "{}",
+        held.stdout
+    );
+    assert!(held.stdout.contains("(fencing token 1)"));
+
+    let renewed = volcano(
+        &server,
+        &[
+            "locks",
+            "renew",
+            "daily-report",
+            "--token",
+            TOKEN,
+            "--ttl",
+            "60",
+        ],
+    )
+    .await;
+    assert_eq!(renewed.code, 0, "{}", renewed.stderr);
+    assert!(renewed.stdout.contains("fencing token 1"));
+
+    let released = volcano(
+        &server,
+        &["locks", "release", "daily-report", "--token", TOKEN],
+    )
+    .await;
+    assert_eq!(
+        (released.code, released.stdout.trim()),
+        (0, "released daily-report")
+    );
+    let released = volcano(
+        &server,
+        &[
+            "--output",
+            "json",
+            "locks",
+            "release",
+            "daily-report",
+            "--token",
+            TOKEN,
+        ],
+    )
+    .await;
+    assert_eq!(
+        released.json(),
+        serde_json::json!({"key": "daily-report", "released": true})
+    );
+    assert!(server.locks().is_empty());
+}
+
+#[tokio::test]
+async fn acquire_shows_the_token_only_when_asked() {
+    let server = MockServer::start().await;
+    let shown = volcano(
+        &server,
+        &[
+            "--output",
+            "json",
+            "locks",
+            "acquire",
+            "a",
+            "--ttl",
+            "30",
+            "--show-token",
+        ],
+    )
+    .await;
+    let token = shown.json()["token"].as_str().unwrap().to_owned();
+    assert_eq!(token.len(), 36);
+    let released = volcano(&server, &["locks", "release", "a", "--token", &token]).await;
+    assert_eq!(released.code, 0, "the shown token releases the lease");
+
+    let hidden = volcano(&server, &["locks", "acquire", "b", "--ttl", "30"]).await;
+    assert_eq!(hidden.code, 0);
+    assert!(
+        hidden.stderr.contains("--show-token"),
+        "a hint: {}",
+        hidden.stderr
+    );
+    assert!(!hidden.stdout.contains("token:"));
+}
+
+#[tokio::test]
+async fn conflicts_exit_3_with_status_code_and_request_id() {
+    let server = MockServer::start().await;
+    volcano(
+        &server,
+        &["locks", "acquire", "job", "--ttl", "30", "--token", TOKEN],
+    )
+    .await;
+    let held = volcano(
+        &server,
+        &[
+            "locks",
+            "acquire",
+            "job",
+            "--ttl",
+            "30",
+            "--request-id",
+            RID,
+        ],
+    )
+    .await;
+    assert_eq!(held.code, 3);
+    assert_eq!(held.stderr.lines().count(), 1, "one line: {}", held.stderr);
+    assert!(held.stderr.contains("status 409"), "{}", held.stderr);
+    assert!(held.stderr.contains("code lock_held"), "{}", held.stderr);
+    assert!(held.stderr.contains(RID), "{}", held.stderr);
+
+    let lost = volcano(
+        &server,
+        &[
+            "--output",
+            "json",
+            "locks",
+            "renew",
+            "job",
+            "--ttl",
+            "30",
+            "--token",
+            "bbbbbbbb-bbbb-4bbb-8bbb-bbbbbbbbbbbb",
+        ],
+    )
+    .await;
+    assert_eq!(lost.code, 3);
+    let error = lost.error_json();
+    assert_eq!(error["status"], 409);
+    assert_eq!(error["code"], "lock_ownership_lost");
+    assert_eq!(error["exit_code"], 3);
+    assert!(error["request_id"].as_str().is_some());
+    assert!(lost.stdout.is_empty());
+}
+
+#[tokio::test]
+async fn each_error_class_has_its_exit_code() {
+    let server = MockServer::builder().rate_limit(2).start().await;
+    // 4: authentication
+    let auth = volcano_with_key(&server, "wrong-key", &["locks", "get", "k"]).await;
+    assert_eq!(auth.code, 4, "{}", auth.stderr);
+    assert!(auth.stderr.contains("status 401"));
+    assert!(
+        !auth.stderr.contains("wrong-key"),
+        "the key is never printed"
+    );
+    // 2: invalid argument, nothing sent
+    let before = server.requests().len();
+    let invalid = volcano(&server, &["locks", "get", "not/a/key"]).await;
+    assert_eq!(invalid.code, 2, "{}", invalid.stderr);
+    let invalid = volcano(&server, &["locks", "acquire", "k", "--ttl", "4"]).await;
+    assert_eq!(invalid.code, 2, "{}", invalid.stderr);
+    let usage = volcano(&server, &["locks", "acquire", "k", "--ttl", "soon"]).await;
+    assert_eq!(usage.code, 2, "{}", usage.stderr);
+    assert_eq!(server.requests().len(), before);
+    // 5: rate limited
+    volcano(&server, &["locks", "get", "k"]).await;
+    volcano(&server, &["locks", "get", "k"]).await;
+    let limited = volcano(&server, &["locks", "get", "k"]).await;
+    assert_eq!(limited.code, 5, "{}", limited.stderr);
+    assert!(limited.stderr.contains("retry after"), "{}", limited.stderr);
+
+    // 6: server error and transport failure
+    let server = MockServer::start().await;
+    server.inject(Fault::status(503).on(Operation::Get).times(1));
+    let unavailable = volcano(&server, &["locks", "get", "k"]).await;
+    assert_eq!(unavailable.code, 6, "{}", unavailable.stderr);
+    server.inject(Fault::reset().on(Operation::Get).times(1));
+    let reset = volcano(&server, &["locks", "get", "k"]).await;
+    assert_eq!(reset.code, 6, "{}", reset.stderr);
+}
+
+#[tokio::test]
+async fn force_release_needs_confirmation_or_yes() {
+    let server = MockServer::start().await;
+    volcano(&server, &["locks", "acquire", "job", "--ttl", "30"]).await;
+    let refused = volcano(&server, &["locks", "force-release", "job"]).await;
+    assert_eq!(refused.code, 2, "{}", refused.stderr);
+    assert!(
+        refused.stderr.contains("breaks mutual exclusion"),
+        "{}",
+        refused.stderr
+    );
+    assert!(refused.stderr.contains("--yes"), "{}", refused.stderr);
+    assert_eq!(server.locks().len(), 1, "nothing released");
+
+    let forced = volcano(
+        &server,
+        &["--output", "json", "locks", "force-release", "job", "--yes"],
+    )
+    .await;
+    assert_eq!(forced.code, 0, "{}", forced.stderr);
+    assert_eq!(
+        forced.json(),
+        serde_json::json!({"key": "job", "force_released": true})
+    );
+    assert!(server.locks().is_empty());
+}
+
+#[tokio::test]
+async fn acquire_can_wait_for_the_lock() {
+    let server = MockServer::start().await;
+    volcano(
+        &server,
+        &["locks", "acquire", "job", "--ttl", "5", "--token", TOKEN],
+    )
+    .await;
+    let timed_out = volcano(
+        &server,
+        &["locks", "acquire", "job", "--ttl", "5", "--wait", "300ms"],
+    )
+    .await;
+    assert_eq!(timed_out.code, 3, "{}", timed_out.stderr);
+    server.advance(Duration::from_secs(7));
+    let waited = volcano(
+        &server,
+        &["locks", "acquire", "job", "--ttl", "5", "--wait", "5s"],
+    )
+    .await;
+    assert_eq!(waited.code, 0, "{}", waited.stderr);
+    assert!(
+        waited.stdout.contains("fencing token 2"),
+        "{}",
+        waited.stdout
+    );
+}
+
+#[tokio::test]
+async fn help_never_shows_secret_environment_values() {
+    let server = MockServer::start().await;
+    let help = volcano(&server, &["--help"]).await;
+    assert_eq!(help.code, 0);
+    assert!(help.stdout.contains("Exit codes"));
+    assert!(
+        !help.stdout.contains(server.service_key()),
+        "{}",
+        help.stdout
+    );
+    assert!(!help.stdout.contains(server.anon_key()), "{}", help.stdout);
+}
+
+#[tokio::test]
+async fn missing_anon_key_is_an_invalid_argument() {
+    let server = MockServer::start().await;
+    let output = Command::new(env!("CARGO_BIN_EXE_volcano"))
+        .args(["locks", "get", "k"])
+        .env_clear()
+        .env("VOLCANO_API_URL", server.url())
+        .env("VOLCANO_SERVICE_KEY", server.service_key())
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(output.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&output.stderr).contains("VOLCANO_ANON_KEY"));
+}
