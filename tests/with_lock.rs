@@ -501,7 +501,11 @@ async fn scenario_46_to_49_outcome_precedence() {
                 Ok("value")
             })
             .await;
-        assert_eq!(methods(&server).await, ["POST", "DELETE"]);
+        // A 500 is transient: the idempotent release is tried 3 times.
+        assert_eq!(
+            methods(&server).await,
+            ["POST", "DELETE", "DELETE", "DELETE"]
+        );
         result
     }
     // 46: release error when nothing else went wrong.
@@ -522,6 +526,55 @@ async fn scenario_46_to_49_outcome_precedence() {
     let err = run(true, false).await.unwrap_err();
     assert_eq!(lost_reason(&err), LostReason::Marked);
     assert!(format!("{err:?}").contains("fencing check failed"));
+}
+
+#[tokio::test]
+async fn a_transient_release_failure_is_tried_again() {
+    let server = server().await;
+    mount(&server, "POST", lease_body(201, 7)).await;
+    Mock::given(method("DELETE"))
+        .respond_with(error_body(
+            503,
+            "Lock service unavailable",
+            Some("lock_service_unavailable"),
+        ))
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(&server)
+        .await;
+    mount(&server, "DELETE", ResponseTemplate::new(204)).await;
+    let value = client(&server.uri())
+        .locks()
+        .with_lock("job", TTL, |_guard| async { Ok::<_, Error>("ok") })
+        .await
+        .unwrap();
+    assert_eq!(value, "ok");
+    let requests = received(&server).await;
+    assert_eq!(methods(&server).await, ["POST", "DELETE", "DELETE"]);
+    assert_eq!(
+        header(&requests[1], "x-volcano-request-id"),
+        header(&requests[2], "x-volcano-request-id"),
+        "one logical release, one request id"
+    );
+}
+
+#[tokio::test]
+async fn a_definitive_release_failure_is_not_retried() {
+    let server = server().await;
+    mount(&server, "POST", lease_body(201, 7)).await;
+    mount(
+        &server,
+        "DELETE",
+        error_body(409, "Lock ownership lost", Some("lock_ownership_lost")),
+    )
+    .await;
+    let err = client(&server.uri())
+        .locks()
+        .with_lock("job", TTL, |_guard| async { Ok::<_, Error>(()) })
+        .await
+        .unwrap_err();
+    assert_eq!(err.status(), Some(409));
+    assert_eq!(methods(&server).await, ["POST", "DELETE"]);
 }
 
 #[tokio::test]

@@ -38,6 +38,8 @@ const CHECK_INTERVAL: Duration = Duration::from_secs(1);
 const MIN_ATTEMPT: Duration = Duration::from_millis(100);
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
+/// Attempts of the final release (it is idempotent).
+const RELEASE_ATTEMPTS: usize = 3;
 
 /// Delay before the next renewal (protocol 5.3): about ttl/3, at most 60 s,
 /// ±10 % jitter (`u` uniform in [0, 1)), and never later than 2 s before
@@ -669,15 +671,45 @@ impl Scope {
         }
     }
 
-    /// Releases the latest lease with a fresh request id.
+    /// Releases the latest lease with a fresh request id. Release is
+    /// idempotent (same token; an absent lock answers 204), so transient
+    /// failures are tried again: at most 3 attempts, all within the
+    /// client's timeout.
     async fn release(&mut self) -> Result<()> {
         let lease = self.state.lease();
         let request_id = validate::new_uuid();
-        let result = self
-            .locks
-            .release(&lease)
-            .request_id(request_id.clone())
-            .await;
+        let budget = self.locks.client().timeout();
+        let started = tokio::time::Instant::now();
+        let mut backoff = ExponentialBuilder::default()
+            .with_min_delay(BACKOFF_MIN)
+            .with_max_delay(BACKOFF_MAX)
+            .with_jitter()
+            .with_max_times(RELEASE_ATTEMPTS - 1)
+            .build();
+        let result = loop {
+            let left = budget.saturating_sub(started.elapsed());
+            let attempt = self
+                .locks
+                .release(&lease)
+                .request_id(request_id.clone())
+                .timeout(left.max(MIN_ATTEMPT))
+                .await;
+            match attempt {
+                Err(err) if is_transient(&err) => match backoff.next() {
+                    Some(wait) if started.elapsed() + wait + MIN_ATTEMPT < budget => {
+                        tracing::info!(
+                            key = lease.key(),
+                            request_id,
+                            error = %err,
+                            "release failed; retrying"
+                        );
+                        tokio::time::sleep(wait).await;
+                    }
+                    _ => break Err(err),
+                },
+                other => break other,
+            }
+        };
         self.armed = false;
         match &result {
             Ok(()) => tracing::info!(
