@@ -1,0 +1,360 @@
+//! Chaos test of mutual exclusion: 8 workers run `with_lock` on one key in
+//! a loop while the mock server injects, at random from a printed seed,
+//! 503s, dropped responses after applying, delays up to 2 s, small clock
+//! jumps and occasional force releases.
+//!
+//! Checks: no guard believes it holds the lock after the server granted it
+//! to another owner (except after a force release, which is unsafe by
+//! definition); the fencing-checked store rejects only writes from guards
+//! displaced by a force release; no renewal task outlives its guard; no
+//! lease outlives the run.
+//!
+//! `VOLCANO_CHAOS_SECS` (default 30) sets the length, `VOLCANO_CHAOS_SEED`
+//! replays a run.
+
+mod common;
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use chrono::{DateTime, Utc};
+use common::{eventually, mock_client};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tokio::time::Instant;
+use volcano::{Error, LostReason};
+use volcano_mock_server::{Fault, MockServer, Operation};
+
+const KEY: &str = "chaos";
+const TTL: Duration = Duration::from_secs(5);
+const WORKERS: u64 = 8;
+
+/// What one guard believed: it held `fence` from `start` to `end`.
+#[derive(Debug, Clone)]
+struct Belief {
+    worker: u64,
+    fence: i64,
+    start: DateTime<Utc>,
+    end: DateTime<Utc>,
+}
+
+/// A store that accepts a write only if its fence is at least the highest
+/// it has accepted.
+#[derive(Default)]
+struct FencedStore {
+    highest: Mutex<i64>,
+    accepted: Mutex<u64>,
+    rejected: Mutex<Vec<(i64, DateTime<Utc>)>>,
+}
+
+impl FencedStore {
+    fn write(&self, fence: i64, at: DateTime<Utc>) {
+        let mut highest = self.highest.lock().unwrap();
+        if fence < *highest {
+            self.rejected.lock().unwrap().push((fence, at));
+        } else {
+            *highest = fence;
+            *self.accepted.lock().unwrap() += 1;
+        }
+    }
+}
+
+#[derive(Default)]
+struct Tally {
+    /// Guards whose closure ran, by how `with_lock` ended.
+    outcomes: BTreeMap<String, u64>,
+    /// Calls that never got the lock, by why.
+    not_acquired: BTreeMap<String, u64>,
+}
+
+fn record(tally: &mut Tally, ran: bool, result: Result<(), Error>) {
+    let kind = match &result {
+        Ok(()) => "ok".to_owned(),
+        Err(Error::LockLost(lost)) => {
+            assert_ne!(
+                lost.reason(),
+                LostReason::Marked,
+                "nobody marks guards lost here"
+            );
+            format!("lost: {:?}", lost.reason())
+        }
+        Err(err) if err.is_lock_held() => "lock held".to_owned(),
+        Err(err) => match (err.status(), err.code()) {
+            (Some(status), Some(code)) => format!("{status} {code}"),
+            (Some(status), None) => format!("{status}"),
+            (None, _) if err.is_transport() => "transport".to_owned(),
+            (None, _) => err.to_string(),
+        },
+    };
+    let map = if ran {
+        &mut tally.outcomes
+    } else {
+        &mut tally.not_acquired
+    };
+    *map.entry(kind).or_default() += 1;
+}
+
+fn env_u64(name: &str) -> Option<u64> {
+    std::env::var(name).ok().and_then(|v| v.parse().ok())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn chaos_keeps_mutual_exclusion() {
+    let seconds = env_u64("VOLCANO_CHAOS_SECS").unwrap_or(30);
+    let seed = env_u64("VOLCANO_CHAOS_SEED").unwrap_or_else(rand::random);
+    eprintln!("chaos: seed {seed} (replay with VOLCANO_CHAOS_SEED={seed}), {seconds} s, {WORKERS} workers");
+
+    let server = Arc::new(MockServer::start().await);
+    let store = Arc::new(FencedStore::default());
+    let beliefs = Arc::new(Mutex::new(Vec::<Belief>::new()));
+    let tally = Arc::new(Mutex::new(Tally::default()));
+    let stop_at = Instant::now() + Duration::from_secs(seconds);
+    let mut clients = Vec::new();
+
+    let mut workers = Vec::new();
+    for worker in 0..WORKERS {
+        let client = volcano::Client::builder()
+            .anon_key(server.anon_key())
+            .service_key(server.service_key())
+            .api_url(server.url())
+            .timeout(Duration::from_secs(3))
+            .build()
+            .unwrap();
+        clients.push(client.clone());
+        let (server, store, beliefs, tally) = (
+            server.clone(),
+            store.clone(),
+            beliefs.clone(),
+            tally.clone(),
+        );
+        workers.push(tokio::spawn(async move {
+            let mut rng = StdRng::seed_from_u64(seed.wrapping_add(worker + 1));
+            let locks = client.locks();
+            while Instant::now() < stop_at {
+                // Up to 4 s: long enough for a couple of renewals (every ~1.7 s).
+                let work = Duration::from_millis(rng.random_range(100..4_000));
+                let (server2, store2, beliefs2) = (server.clone(), store.clone(), beliefs.clone());
+                let guards_before = beliefs
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .filter(|b| b.worker == worker)
+                    .count();
+                let result = locks
+                    .with_lock(KEY, TTL, move |guard| async move {
+                        let start = server2.now();
+                        let fence = guard.lease().fencing_token();
+                        let lost_at = Arc::new(Mutex::new(None));
+                        let watcher = {
+                            let (guard, lost_at, server) =
+                                (guard.clone(), lost_at.clone(), server2.clone());
+                            tokio::spawn(async move {
+                                guard.lost().await;
+                                *lost_at.lock().unwrap() = Some(server.now());
+                            })
+                        };
+                        let until = Instant::now() + work;
+                        while Instant::now() < until {
+                            if guard.is_lost() {
+                                break;
+                            }
+                            store2.write(fence, server2.now());
+                            tokio::time::sleep(Duration::from_millis(50)).await;
+                        }
+                        let finished = server2.now();
+                        watcher.abort();
+                        let end = lost_at
+                            .lock()
+                            .unwrap()
+                            .map_or(finished, |t: DateTime<Utc>| t.min(finished));
+                        beliefs2.lock().unwrap().push(Belief {
+                            worker,
+                            fence,
+                            start,
+                            end,
+                        });
+                        Ok::<_, Error>(())
+                    })
+                    .wait(Duration::from_secs(2))
+                    .await;
+                let ran = beliefs
+                    .lock()
+                    .unwrap()
+                    .iter()
+                    .filter(|b| b.worker == worker)
+                    .count()
+                    > guards_before;
+                record(&mut tally.lock().unwrap(), ran, result);
+                tokio::time::sleep(Duration::from_millis(rng.random_range(0..100))).await;
+            }
+        }));
+    }
+
+    // The fault injector.
+    let admin = mock_client(&server).locks();
+    let mut rng = StdRng::seed_from_u64(seed);
+    let mut injected: BTreeMap<&str, u64> = BTreeMap::new();
+    let mut last_jump = Instant::now();
+    let mut last_force = Instant::now();
+    let ops = [
+        Operation::Acquire,
+        Operation::Renew,
+        Operation::Release,
+        Operation::Get,
+    ];
+    while Instant::now() + Duration::from_secs(1) < stop_at {
+        tokio::time::sleep(Duration::from_millis(rng.random_range(100..400))).await;
+        // At most one pending fault: unconsumed faults on rare operations
+        // would otherwise pile up into an outage.
+        server.clear_faults();
+        let op = ops[rng.random_range(0..ops.len())];
+        match rng.random_range(0..100) {
+            0..30 => {
+                server.inject(Fault::status(503).on(op).times(1));
+                *injected.entry("503").or_default() += 1;
+            }
+            30..55 => {
+                server.inject(Fault::drop_response().on(op).times(1));
+                *injected.entry("dropped response").or_default() += 1;
+            }
+            55..75 => {
+                let delay = Duration::from_millis(rng.random_range(100..2_000));
+                server.inject(Fault::delay(delay).on(op).times(1));
+                *injected.entry("delay").or_default() += 1;
+            }
+            75..90 if last_jump.elapsed() >= Duration::from_secs(3) => {
+                server.advance(Duration::from_millis(rng.random_range(100..500)));
+                last_jump = Instant::now();
+                *injected.entry("clock jump").or_default() += 1;
+            }
+            90..100 if last_force.elapsed() >= Duration::from_secs(4) => {
+                if admin.force_release(KEY).await.is_ok() {
+                    *injected.entry("force release").or_default() += 1;
+                }
+                last_force = Instant::now();
+            }
+            _ => {}
+        }
+    }
+    server.clear_faults();
+    for worker in workers {
+        worker.await.expect("a worker panicked");
+    }
+
+    // ---------------------------------------------------------- checks
+    let journal = server.requests();
+    let mut grants: HashMap<i64, DateTime<Utc>> = HashMap::new();
+    for entry in journal
+        .iter()
+        .filter(|r| r.operation == Operation::Acquire && r.status == Some(201))
+    {
+        let fence = entry.fencing_token.expect("a grant has a fence");
+        grants.entry(fence).or_insert(entry.at);
+    }
+    let force_releases: Vec<DateTime<Utc>> = journal
+        .iter()
+        .filter(|r| r.operation == Operation::ForceRelease && r.status == Some(204))
+        .map(|r| r.at)
+        .collect();
+    let forced_between = |from: DateTime<Utc>, to: DateTime<Utc>| {
+        force_releases.iter().any(|t| *t >= from && *t <= to)
+    };
+
+    let beliefs = beliefs.lock().unwrap().clone();
+    let mut overlaps = Vec::new();
+    let mut excused = 0;
+    for belief in &beliefs {
+        for (&fence, &granted) in &grants {
+            if fence != belief.fence && granted > belief.start && granted < belief.end {
+                if forced_between(belief.start, granted) {
+                    excused += 1;
+                } else {
+                    overlaps.push((belief.clone(), fence, granted));
+                }
+            }
+        }
+    }
+    let rejected = store.rejected.lock().unwrap().clone();
+    let unexplained_rejections: Vec<_> = rejected
+        .iter()
+        .filter(|(fence, at)| {
+            let belief = beliefs.iter().find(|b| b.fence == *fence);
+            !belief.is_some_and(|b| forced_between(b.start, *at))
+        })
+        .collect();
+    let renewals = journal
+        .iter()
+        .filter(|r| r.operation == Operation::Renew && r.status == Some(200))
+        .count();
+    let live_at_end = server.locks().iter().filter(|l| l.live).count();
+    let tasks_ok = eventually(Duration::from_secs(2), || {
+        clients.iter().all(|c| c.active_renewals() == 0)
+    })
+    .await;
+    let drained = eventually(TTL + Duration::from_secs(2), || {
+        server.locks().iter().all(|l| !l.live)
+    })
+    .await;
+
+    let tally = tally.lock().unwrap();
+    eprintln!("chaos figures (seed {seed}):");
+    eprintln!(
+        "  guards run: {}, ended: {:?}",
+        beliefs.len(),
+        tally.outcomes
+    );
+    eprintln!(
+        "  with_lock calls that never got the lock: {:?}",
+        tally.not_acquired
+    );
+    eprintln!(
+        "  grants: {}  renewals: {}  requests: {}",
+        grants.len(),
+        renewals,
+        journal.len()
+    );
+    let mut hit: BTreeMap<String, u64> = BTreeMap::new();
+    for entry in &journal {
+        if let Some(fault) = entry.fault {
+            let kind = format!("{fault:?}");
+            let kind = kind.split([' ', '{']).next().unwrap_or_default().to_owned();
+            *hit.entry(format!("{kind} on {:?}", entry.operation))
+                .or_default() += 1;
+        }
+    }
+    let mut per_worker = vec![0; WORKERS as usize];
+    for belief in &beliefs {
+        per_worker[belief.worker as usize] += 1;
+    }
+    eprintln!("  guards per worker: {per_worker:?}");
+    eprintln!("  faults injected: {injected:?}");
+    eprintln!("  faults hit: {hit:?}");
+    eprintln!(
+        "  store writes accepted: {}, rejected: {} (after a force release: {})",
+        store.accepted.lock().unwrap(),
+        rejected.len(),
+        rejected.len() - unexplained_rejections.len()
+    );
+    eprintln!(
+        "  overlaps: {} (excused by a force release: {excused})",
+        overlaps.len()
+    );
+    eprintln!("  leases live when the workers stopped: {live_at_end}");
+
+    assert!(
+        beliefs.len() >= 10,
+        "too few guards ran to mean anything (seed {seed})"
+    );
+    assert!(overlaps.is_empty(), "seed {seed}: guards believed they held the lock after it was granted elsewhere: {overlaps:#?}");
+    assert!(
+        unexplained_rejections.is_empty(),
+        "seed {seed}: stale writes without a force release: {unexplained_rejections:?}"
+    );
+    assert!(tasks_ok, "seed {seed}: a renewal task outlived its guard");
+    assert!(
+        drained,
+        "seed {seed}: a lease was still live {TTL:?} after the run: {:?}",
+        server.locks()
+    );
+}
