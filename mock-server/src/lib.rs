@@ -42,7 +42,7 @@ use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 pub use fault::{Fault, FaultKind, Operation};
-pub use server::{RecordedRequest, MAX_BODY, MAX_JOURNAL};
+pub use server::{RecordedRequest, HEADER_READ_TIMEOUT, MAX_BODY, MAX_JOURNAL};
 pub use state::LockSnapshot;
 
 use server::{Config, Shared};
@@ -174,6 +174,7 @@ pub struct MockServerBuilder {
     service_key: String,
     anon_key: String,
     rate_limit: Option<u32>,
+    header_read_timeout: Duration,
 }
 
 impl Default for MockServerBuilder {
@@ -183,6 +184,7 @@ impl Default for MockServerBuilder {
             service_key: DEFAULT_SERVICE_KEY.to_owned(),
             anon_key: DEFAULT_ANON_KEY.to_owned(),
             rate_limit: None,
+            header_read_timeout: HEADER_READ_TIMEOUT,
         }
     }
 }
@@ -219,6 +221,14 @@ impl MockServerBuilder {
         self
     }
 
+    /// How long a client may take to send its request headers, and then its
+    /// body (default 10 s each): slow or lying clients cannot pin
+    /// connections forever.
+    pub fn header_read_timeout(mut self, timeout: Duration) -> Self {
+        self.header_read_timeout = timeout;
+        self
+    }
+
     /// Starts the server on the current tokio runtime.
     ///
     /// # Panics
@@ -246,11 +256,13 @@ impl MockServerBuilder {
             service_key: self.service_key,
             anon_key: self.anon_key,
             rate_limit: self.rate_limit,
+            header_read_timeout: self.header_read_timeout,
         }));
         let (shutdown, stop) = watch::channel(false);
         tokio::spawn(server::serve(
             listener,
             server::router(shared.clone()),
+            shared.config.header_read_timeout,
             stop.clone(),
         ));
         tokio::spawn(server::sweep(shared.clone(), stop));

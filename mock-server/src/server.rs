@@ -31,8 +31,8 @@ use crate::state::{Grant, LockSnapshot, Refusal, Store};
 pub const MAX_BODY: usize = 64 * 1024;
 /// Most journal entries kept; older ones are dropped.
 pub const MAX_JOURNAL: usize = 100_000;
-/// How long a client may take to send its request headers.
-const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long a client may take to send its request headers (default).
+pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 const MIN_TTL: i64 = 5;
 const MAX_TTL: i64 = 7_776_000;
 
@@ -100,6 +100,7 @@ pub(crate) struct Config {
     pub(crate) service_key: String,
     pub(crate) anon_key: String,
     pub(crate) rate_limit: Option<u32>,
+    pub(crate) header_read_timeout: Duration,
 }
 
 /// Everything the handlers share.
@@ -187,7 +188,12 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
 }
 
 /// Accepts connections until `shutdown` flips, serving each with HTTP/1.1.
-pub(crate) async fn serve(listener: TcpListener, app: Router, shutdown: watch::Receiver<bool>) {
+pub(crate) async fn serve(
+    listener: TcpListener,
+    app: Router,
+    header_read_timeout: Duration,
+    shutdown: watch::Receiver<bool>,
+) {
     let mut stop = shutdown.clone();
     loop {
         let stream = tokio::select! {
@@ -217,7 +223,7 @@ pub(crate) async fn serve(listener: TcpListener, app: Router, shutdown: watch::R
             };
             let connection = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
-                .header_read_timeout(HEADER_READ_TIMEOUT)
+                .header_read_timeout(header_read_timeout)
                 .serve_connection(TokioIo::new(stream), service);
             // Dropping the connection future closes the socket at once.
             tokio::select! {
@@ -595,8 +601,19 @@ async fn prepare(
         None
     };
     let ttl = if matches!(route.op, Operation::Acquire | Operation::Renew) {
-        let bytes: Bytes = axum::body::to_bytes(body, MAX_BODY)
+        let declared = headers
+            .get(header::CONTENT_LENGTH)
+            .and_then(|v| v.to_str().ok())
+            .and_then(|v| v.parse::<u64>().ok());
+        if declared.is_some_and(|n| n > MAX_BODY as u64) {
+            return Err(bad_request("request body is too large"));
+        }
+        // A client that promises a body and never sends it would otherwise
+        // hold the connection forever.
+        let read = axum::body::to_bytes(body, MAX_BODY);
+        let bytes: Bytes = tokio::time::timeout(shared.config.header_read_timeout, read)
             .await
+            .map_err(|_| bad_request("request body was not received in time"))?
             .map_err(|_| bad_request("request body is too large or unreadable"))?;
         Some(ttl_body(&bytes).map_err(bad_request)?)
     } else {
@@ -695,6 +712,33 @@ mod tests {
         ] {
             assert!(ttl_body(bad).is_err(), "{}", String::from_utf8_lossy(bad));
         }
+    }
+
+    #[test]
+    fn the_journal_keeps_only_the_newest_entries() {
+        let shared = Shared::new(Config {
+            service_key: "s".into(),
+            anon_key: "a".into(),
+            rate_limit: None,
+            header_read_timeout: HEADER_READ_TIMEOUT,
+        });
+        for _ in 0..MAX_JOURNAL + 10 {
+            shared.record(RecordedRequest {
+                seq: 0,
+                at: Utc::now(),
+                operation: Operation::Get,
+                key: "k".into(),
+                request_id: None,
+                status: Some(200),
+                fault: None,
+                fencing_token: None,
+                expires_at: None,
+            });
+        }
+        let journal = shared.requests();
+        assert_eq!(journal.len(), MAX_JOURNAL);
+        assert_eq!(journal[0].seq, 11);
+        assert_eq!(journal.last().unwrap().seq, (MAX_JOURNAL + 10) as u64);
     }
 
     #[test]

@@ -197,6 +197,10 @@ impl Store {
                 let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
                 let before = shard.len();
                 shard.retain(|_, lease| !lease.reclaimable(now));
+                // Give memory back after a burst of keys.
+                if shard.capacity() > 64 && shard.len() * 4 < shard.capacity() {
+                    shard.shrink_to_fit();
+                }
                 before - shard.len()
             })
             .sum()
