@@ -51,18 +51,53 @@ async fn logs_tell_the_story_without_secrets() {
     let locks = mock_client(&server).locks();
     let log = captured.clone();
     let logged = move |what: &str| String::from_utf8_lossy(&log.0.lock().unwrap()).contains(what);
-    let err = locks
+    server.inject(Fault::drop_response().on(Operation::Release).times(1));
+    let shown = Arc::new(Mutex::new(Vec::<String>::new()));
+    let seen = shown.clone();
+    let scoped = locks
         .with_lock("job", TTL, |guard| async move {
             assert!(eventually(Duration::from_secs(8), || logged("lock renewed")).await);
             guard.mark_lost("test says so");
+            let mut seen = seen.lock().unwrap();
+            seen.push(format!("{guard:?}"));
+            seen.push(format!("{:?}", guard.lease()));
+            seen.push(format!(
+                "{:?} {}",
+                guard.failure().unwrap(),
+                guard.failure().unwrap()
+            ));
             Ok::<_, Error>(())
         })
-        .token(token)
-        .await
-        .unwrap_err();
+        .token(token);
+    shown.lock().unwrap().push(format!("{scoped:?}"));
+    let err = scoped.await.unwrap_err();
     assert!(matches!(err, Error::LockLost(_)));
 
-    let text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    // Every builder, the client, and the error chain.
+    let lease = volcano::LockLease::new("job", token, chrono::Utc::now(), 1);
+    let client = mock_client(&server);
+    let mut shown = shown.lock().unwrap().clone();
+    shown.extend([
+        format!("{client:?}"),
+        format!("{:?}", client.locks()),
+        format!("{:?}", locks.acquire("job", TTL).token(token)),
+        format!("{:?}", locks.renew(&lease, TTL)),
+        format!("{:?}", locks.release(&lease)),
+        format!("{:?}", locks.get("job")),
+        format!("{:?}", locks.force_release("job")),
+        format!("{err:?}"),
+        err.to_string(),
+    ]);
+    let mut source = std::error::Error::source(&err);
+    while let Some(cause) = source {
+        shown.push(format!("{cause:?} {cause}"));
+        source = cause.source();
+    }
+    let renewal_conflict = locks.renew(&lease, TTL).await.unwrap_err();
+    shown.push(format!("{renewal_conflict:?} {renewal_conflict}"));
+
+    let mut text = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    text.push_str(&shown.join("\n"));
     for expected in [
         "retrying acquire",
         "lock acquired",
@@ -70,6 +105,7 @@ async fn logs_tell_the_story_without_secrets() {
         "lock renewed",
         "lock lost",
         "lock released",
+        "release failed; retrying",
         "fencing_token=1",
         "request_id=",
     ] {
