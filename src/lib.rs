@@ -56,3 +56,49 @@ pub const CODE_OWNERSHIP_LOST: &str = "lock_ownership_lost";
 pub const CODE_RATE_LIMITED: &str = "lock_rate_limited";
 /// `code` of a 503.
 pub const CODE_SERVICE_UNAVAILABLE: &str = "lock_service_unavailable";
+
+/// Hooks for the micro-benchmarks (`cargo bench --bench micro`); not part of
+/// the API and not covered by semver.
+#[doc(hidden)]
+pub mod __bench {
+    use std::time::Duration;
+
+    use crate::error::InvalidReason;
+    use crate::transport::{json_object, Call, Op};
+    use crate::{Client, Error, LockLease, LockState};
+
+    /// Decodes an acquire or renew body as the SDK does.
+    pub fn decode_lease(body: &[u8]) -> Result<LockLease, InvalidReason> {
+        let map = json_object(body).ok_or(InvalidReason::NotAnObject)?;
+        LockLease::decode("key".to_owned(), "token".to_owned(), &map)
+    }
+
+    /// Decodes a get body as the SDK does.
+    pub fn decode_state(body: &[u8]) -> Result<LockState, InvalidReason> {
+        let map = json_object(body).ok_or(InvalidReason::NotAnObject)?;
+        LockState::decode(&map)
+    }
+
+    /// Validates and builds an acquire request as the SDK does, without
+    /// sending it.
+    pub fn build_acquire(
+        client: &Client,
+        key: &str,
+        ttl: Duration,
+        token: &str,
+        request_id: &str,
+    ) -> Result<reqwest::Request, Error> {
+        let ttl_secs = crate::validate::ttl(ttl)?;
+        crate::validate::key(key)?;
+        crate::validate::uuid("token", token)?;
+        crate::validate::uuid("request_id", request_id)?;
+        client.transport().build(&Call {
+            op: Op::Acquire,
+            key,
+            token: Some(token),
+            request_id,
+            ttl_secs: Some(ttl_secs),
+            timeout: None,
+        })
+    }
+}

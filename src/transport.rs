@@ -190,19 +190,31 @@ impl Transport {
         url
     }
 
-    async fn attempt(
+    /// Builds the request for `call` exactly as it goes on the wire.
+    pub(crate) fn build(&self, call: &Call<'_>) -> Result<reqwest::Request> {
+        let auth = self
+            .auth
+            .as_ref()
+            .ok_or_else(|| Error::Authentication(ApiError::local("No service key configured")))?;
+        let body = call.ttl_secs.map(|n| format!("{{\"ttl_seconds\":{n}}}"));
+        self.build_with(call, auth, &self.url(call.op, call.key), body.as_deref())
+    }
+
+    fn build_with(
         &self,
         call: &Call<'_>,
         auth: &HeaderValue,
         url: &str,
         body: Option<&str>,
-    ) -> Result<Option<Map<String, Value>>> {
-        let request_id = call.request_id;
+    ) -> Result<reqwest::Request> {
         let mut request = self
             .http
             .request(call.op.method(), url)
             .header(AUTHORIZATION, auth.clone())
-            .header(REQUEST_ID_HEADER, header_value(request_id, "request_id")?);
+            .header(
+                REQUEST_ID_HEADER,
+                header_value(call.request_id, "request_id")?,
+            );
         if let Some(token) = call.token {
             let mut value = header_value(token, "token")?;
             value.set_sensitive(true);
@@ -214,9 +226,23 @@ impl Transport {
         if let Some(timeout) = call.timeout {
             request = request.timeout(timeout);
         }
+        request
+            .build()
+            .map_err(|e| Error::invalid(format!("could not build the request: {e}")))
+    }
 
-        let mut response = request
-            .send()
+    async fn attempt(
+        &self,
+        call: &Call<'_>,
+        auth: &HeaderValue,
+        url: &str,
+        body: Option<&str>,
+    ) -> Result<Option<Map<String, Value>>> {
+        let request_id = call.request_id;
+        let request = self.build_with(call, auth, url, body)?;
+        let mut response = self
+            .http
+            .execute(request)
             .await
             .map_err(|e| transport_error(e, request_id))?;
         let status = response.status();
@@ -238,12 +264,12 @@ impl Transport {
             if !complete {
                 return Err(invalid(InvalidReason::TooLarge));
             }
-            return match serde_json::from_slice::<Value>(&bytes) {
-                Ok(Value::Object(map)) => {
+            return match json_object(&bytes) {
+                Some(map) => {
                     tracing::debug!("lock call succeeded");
                     Ok(Some(map))
                 }
-                _ => Err(invalid(InvalidReason::NotAnObject)),
+                None => Err(invalid(InvalidReason::NotAnObject)),
             };
         }
 
@@ -257,6 +283,14 @@ impl Transport {
         let error = Error::from_status(api_error(status.as_u16(), &bytes, request_id, retry_after));
         tracing::debug!(error = %error, "lock call failed");
         Err(error)
+    }
+}
+
+/// The body as a JSON object, if it is one.
+pub(crate) fn json_object(bytes: &[u8]) -> Option<Map<String, Value>> {
+    match serde_json::from_slice::<Value>(bytes) {
+        Ok(Value::Object(map)) => Some(map),
+        _ => None,
     }
 }
 
@@ -298,7 +332,8 @@ async fn read_body(
     limit: usize,
     request_id: &str,
 ) -> Result<(Vec<u8>, bool)> {
-    let mut bytes = Vec::new();
+    let expected = response.content_length().unwrap_or(0).min(limit as u64);
+    let mut bytes = Vec::with_capacity(expected as usize);
     while let Some(chunk) = response
         .chunk()
         .await
@@ -323,11 +358,7 @@ fn api_error(
     request_id: &str,
     retry_after: Option<Duration>,
 ) -> ApiError {
-    let envelope = match serde_json::from_slice::<Value>(body) {
-        Ok(Value::Object(map)) => Some(map),
-        _ => None,
-    };
-    let (message, code) = match envelope {
+    let (message, code) = match json_object(body) {
         Some(map) => {
             let message = ["error", "message"]
                 .iter()

@@ -73,6 +73,12 @@ pub struct Fault {
     /// How many matching requests it affects (default: all, until reset).
     #[serde(default)]
     pub times: Option<u32>,
+    /// Affect only every n-th matching request (default: each one).
+    #[serde(default)]
+    pub every: Option<u32>,
+    /// Matching requests seen so far (for `every`).
+    #[serde(skip)]
+    seen: u32,
 }
 
 fn any() -> Operation {
@@ -86,6 +92,8 @@ impl Fault {
             operation: Operation::Any,
             key: None,
             times: None,
+            every: None,
+            seen: 0,
         }
     }
 
@@ -131,6 +139,12 @@ impl Fault {
         self
     }
 
+    /// Affect only every `n`-th matching request: `every(20)` is 5 %.
+    pub fn every(mut self, n: u32) -> Self {
+        self.every = Some(n.max(1));
+        self
+    }
+
     fn matches(&self, op: Operation, key: &str) -> bool {
         self.operation.covers(op)
             && self.key.as_deref().is_none_or(|k| k == key)
@@ -169,6 +183,12 @@ impl Faults {
         }
         let mut planned = Planned::default();
         for fault in list.iter_mut().filter(|f| f.matches(op, key)) {
+            if let Some(every) = fault.every {
+                fault.seen = fault.seen.wrapping_add(1);
+                if fault.seen % every.max(1) != 0 {
+                    continue;
+                }
+            }
             match fault.kind {
                 FaultKind::Delay { delay_ms } => {
                     planned.delay += Duration::from_millis(delay_ms);
@@ -227,9 +247,20 @@ mod tests {
             serde_json::to_value(Fault::status(503).on(Operation::Acquire).times(1)).unwrap();
         assert_eq!(
             json,
-            serde_json::json!({"kind": "status", "status": 503, "operation": "acquire", "key": null, "times": 1})
+            serde_json::json!({"kind": "status", "status": 503, "operation": "acquire", "key": null, "times": 1, "every": null})
         );
         let parsed: Fault = serde_json::from_str(r#"{"kind":"delay","delay_ms":1500}"#).unwrap();
         assert_eq!(parsed, Fault::delay(Duration::from_millis(1500)));
+    }
+
+    #[test]
+    fn every_nth_request() {
+        let faults = Faults::default();
+        faults.push(Fault::status(503).on(Operation::Renew).every(4));
+        let hits: Vec<bool> = (0..12)
+            .map(|_| faults.plan(Operation::Renew, "k").action.is_some())
+            .collect();
+        assert_eq!(hits.iter().filter(|h| **h).count(), 3);
+        assert!(hits[3] && hits[7] && hits[11]);
     }
 }

@@ -1,0 +1,642 @@
+//! Load benchmarks (DESIGN section 7). Each prints a table and updates its
+//! section of `docs/benchmarks.md`:
+//!
+//! ```sh
+//! cargo bench --bench load -- overhead     # SDK vs bare reqwest, same requests
+//! cargo bench --bench load -- throughput   # mock server vs a no-op handler, 64 connections
+//! cargo bench --bench load -- scale        # 10,000 with_lock guards for 30 s (+ 5 % 503s)
+//! cargo bench --bench load -- latency      # acquire latency, 1 and 64 clients
+//! cargo bench --bench load                 # all four
+//! ```
+//!
+//! The server runs in a child process (this binary again, `--serve`), so
+//! the client's CPU and memory are measured alone.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use volcano::{Client, Error};
+use volcano_mock_server::MockServer;
+
+const TOKEN: &str = "0b6f1a43-5b52-4f4e-9d51-1f6c3c7e2a10";
+
+fn main() {
+    let args: Vec<String> = std::env::args().collect();
+    if let Some(i) = args.iter().position(|a| a == "--serve") {
+        serve(args.get(i + 1).map_or("mock", String::as_str));
+        return;
+    }
+    if let Some(i) = args.iter().position(|a| a == "--scale-run") {
+        let every = args
+            .get(i + 1)
+            .and_then(|v| v.parse().ok())
+            .filter(|n| *n > 0);
+        let runtime = tokio::runtime::Builder::new_multi_thread()
+            .enable_all()
+            .build()
+            .unwrap();
+        let run = runtime.block_on(scale_run(scale_guards(), Duration::from_secs(30), every));
+        println!("{}", run.to_json());
+        return;
+    }
+    let which = args
+        .iter()
+        .skip(1)
+        .find(|a| !a.starts_with('-'))
+        .cloned()
+        .unwrap_or_else(|| "all".to_owned());
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let run = |name: &str| which == "all" || which == name;
+        if run("overhead") {
+            overhead().await;
+        }
+        if run("throughput") {
+            throughput().await;
+        }
+        if run("scale") {
+            scale().await;
+        }
+        if run("latency") {
+            latency().await;
+        }
+    });
+}
+
+// ------------------------------------------------------------ the server
+
+/// Child-process mode: serve until standard input closes.
+fn serve(kind: &str) {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.block_on(async {
+        let mut builder = MockServer::builder();
+        if kind == "baseline" {
+            builder = builder.baseline();
+        }
+        let server = builder.start().await;
+        println!("{} {}", server.url(), server.service_key());
+        std::io::stdout().flush().unwrap();
+        tokio::task::spawn_blocking(|| {
+            let mut sink = String::new();
+            while std::io::stdin()
+                .read_line(&mut sink)
+                .map(|n| n > 0)
+                .unwrap_or(false)
+            {}
+        })
+        .await
+        .unwrap();
+        drop(server);
+    });
+}
+
+struct Server {
+    child: Child,
+    url: String,
+    key: String,
+}
+
+impl Server {
+    fn start(kind: &str) -> Server {
+        let mut child = Command::new(std::env::current_exe().unwrap())
+            .args(["--serve", kind])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .expect("the server process starts");
+        let mut line = String::new();
+        BufReader::new(child.stdout.take().unwrap())
+            .read_line(&mut line)
+            .unwrap();
+        let (url, key) = line.trim().split_once(' ').expect("url and key");
+        Server {
+            url: url.to_owned(),
+            key: key.to_owned(),
+            child,
+        }
+    }
+
+    fn client(&self) -> Client {
+        Client::builder()
+            .anon_key("bench")
+            .service_key(&self.key)
+            .api_url(&self.url)
+            .timeout(Duration::from_secs(10))
+            .build()
+            .unwrap()
+    }
+
+    async fn control(&self, path: &str, body: &str) {
+        let response = reqwest::Client::new()
+            .post(format!("{}/__mock/{path}", self.url))
+            .body(body.to_owned())
+            .send()
+            .await
+            .unwrap();
+        assert!(
+            response.status().is_success(),
+            "{path}: {}",
+            response.status()
+        );
+    }
+
+    async fn journal(&self) -> Vec<serde_json::Value> {
+        let body = reqwest::Client::new()
+            .get(format!("{}/__mock/requests", self.url))
+            .send()
+            .await
+            .unwrap()
+            .bytes()
+            .await
+            .unwrap();
+        serde_json::from_slice(&body).unwrap()
+    }
+
+    fn cpu_seconds(&self) -> f64 {
+        cpu_seconds(&format!("/proc/{}/stat", self.child.id()))
+    }
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        drop(self.child.stdin.take());
+        let _ = self.child.wait();
+    }
+}
+
+// ------------------------------------------------------------ helpers
+
+fn cpu_seconds(stat_path: &str) -> f64 {
+    let stat = std::fs::read_to_string(stat_path).unwrap_or_default();
+    let fields: Vec<&str> = stat
+        .rsplit_once(')')
+        .map_or("", |(_, rest)| rest)
+        .split_whitespace()
+        .collect();
+    let ticks = |i: usize| {
+        fields
+            .get(i)
+            .and_then(|v| v.parse::<f64>().ok())
+            .unwrap_or(0.0)
+    };
+    // utime and stime are fields 14 and 15; after the ')' they are 11 and 12.
+    (ticks(11) + ticks(12)) / 100.0
+}
+
+fn rss_kib() -> u64 {
+    std::fs::read_to_string("/proc/self/status")
+        .ok()
+        .and_then(|s| {
+            s.lines()
+                .find_map(|l| l.strip_prefix("VmRSS:"))
+                .and_then(|v| v.trim().trim_end_matches("kB").trim().parse().ok())
+        })
+        .unwrap_or(0)
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values[values.len() / 2]
+}
+
+fn percentile(sorted: &[Duration], p: f64) -> Duration {
+    let index = ((sorted.len() as f64 - 1.0) * p).round() as usize;
+    sorted[index.min(sorted.len() - 1)]
+}
+
+fn micros(d: Duration) -> String {
+    format!("{:.0} µs", d.as_secs_f64() * 1e6)
+}
+
+/// Prints a section and writes it into docs/benchmarks.md between markers.
+fn report(name: &str, title: &str, body: &str) {
+    let section = format!("<!-- bench:{name} -->\n## {title}\n\n{body}\n<!-- /bench:{name} -->");
+    println!("\n{section}\n");
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/benchmarks.md");
+    let mut doc = std::fs::read_to_string(path).unwrap_or_default();
+    if doc.is_empty() {
+        doc = "# Benchmarks\n\nProduced by `cargo bench --bench load` (release build). \
+               Each section says when and where it was measured.\n"
+            .to_owned();
+    }
+    let start = format!("<!-- bench:{name} -->");
+    let end = format!("<!-- /bench:{name} -->");
+    match (doc.find(&start), doc.find(&end)) {
+        (Some(a), Some(b)) => doc.replace_range(a..b + end.len(), &section),
+        _ => doc = format!("{}\n\n{section}\n", doc.trim_end()),
+    }
+    std::fs::create_dir_all(concat!(env!("CARGO_MANIFEST_DIR"), "/docs")).unwrap();
+    std::fs::write(path, doc).unwrap();
+}
+
+fn machine() -> String {
+    let cores = std::thread::available_parallelism().map_or(0, |n| n.get());
+    format!(
+        "Measured {} on {cores} cores, release build.",
+        chrono::Utc::now().format("%Y-%m-%d %H:%M UTC")
+    )
+}
+
+// ------------------------------------------------------------ 1. overhead
+
+/// One acquire+release pair with a bare reqwest client: the same method,
+/// path, headers and body as the SDK sends.
+async fn raw_pair(http: &reqwest::Client, url: &str, auth: &str, request_id: &str) {
+    let lease = format!("{url}/locks/overhead/lease");
+    let acquired = http
+        .post(&lease)
+        .header("authorization", auth)
+        .header("x-volcano-request-id", request_id)
+        .header("x-volcano-lock-token", TOKEN)
+        .header("accept", "application/json")
+        .header("content-type", "application/json")
+        .body(r#"{"ttl_seconds":30}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(acquired.status(), 201);
+    let _ = acquired.bytes().await.unwrap();
+    let released = http
+        .delete(&lease)
+        .header("authorization", auth)
+        .header("x-volcano-request-id", request_id)
+        .header("x-volcano-lock-token", TOKEN)
+        .header("accept", "application/json")
+        .header("content-type", "application/json")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(released.status(), 204);
+    let _ = released.bytes().await.unwrap();
+}
+
+async fn sdk_pair(locks: &volcano::Locks) {
+    let lease = locks
+        .acquire("overhead", Duration::from_secs(30))
+        .token(TOKEN)
+        .await
+        .unwrap();
+    locks.release(&lease).await.unwrap();
+}
+
+async fn overhead() {
+    const ROUNDS: usize = 25;
+    const PAIRS: usize = 300;
+    let server = Server::start("mock");
+    let locks = server.client().locks();
+    let http = reqwest::Client::builder()
+        .user_agent("bench")
+        .build()
+        .unwrap();
+    let auth = format!("Bearer {}", server.key);
+    let request_id = uuid::Uuid::new_v4().to_string();
+    for _ in 0..200 {
+        sdk_pair(&locks).await;
+        raw_pair(&http, &server.url, &auth, &request_id).await;
+    }
+    let (mut sdk, mut raw, mut ratios) = (Vec::new(), Vec::new(), Vec::new());
+    for round in 0..ROUNDS {
+        let mut time_sdk = Duration::ZERO;
+        let mut time_raw = Duration::ZERO;
+        for order in 0..2 {
+            let started = Instant::now();
+            if (round + order) % 2 == 0 {
+                for _ in 0..PAIRS {
+                    sdk_pair(&locks).await;
+                }
+                time_sdk = started.elapsed();
+            } else {
+                for _ in 0..PAIRS {
+                    raw_pair(&http, &server.url, &auth, &request_id).await;
+                }
+                time_raw = started.elapsed();
+            }
+        }
+        sdk.push(time_sdk.as_secs_f64() / PAIRS as f64);
+        raw.push(time_raw.as_secs_f64() / PAIRS as f64);
+        ratios.push(time_sdk.as_secs_f64() / time_raw.as_secs_f64());
+    }
+    let (sdk, raw, ratio) = (median(&mut sdk), median(&mut raw), median(&mut ratios));
+    let verdict = if ratio <= 1.05 { "met" } else { "NOT met" };
+    report(
+        "overhead",
+        "1. SDK overhead",
+        &format!(
+            "{}\n\nAcquire + release pairs on one keep-alive connection against the mock \
+             server, {ROUNDS} interleaved rounds of {PAIRS} pairs.\n\n\
+             | client | median time per pair |\n|---|---|\n\
+             | volcano SDK | {} |\n| bare reqwest, same requests | {} |\n\n\
+             Median over rounds of the ratio SDK / bare (each round runs both back to back): \
+             **{ratio:.3}** (target ≤ 1.05: {verdict}).",
+            machine(),
+            micros(Duration::from_secs_f64(sdk)),
+            micros(Duration::from_secs_f64(raw)),
+        ),
+    );
+}
+
+// ------------------------------------------------------------ 2. throughput
+
+async fn pairs_per_second(server: &Server, connections: usize, seconds: u64) -> f64 {
+    let done = Arc::new(AtomicU64::new(0));
+    let until = Instant::now() + Duration::from_secs(seconds);
+    let mut tasks = Vec::new();
+    for i in 0..connections {
+        let http = reqwest::Client::builder()
+            .pool_max_idle_per_host(1)
+            .build()
+            .unwrap();
+        let lease = format!("{}/locks/throughput-{i}/lease", server.url);
+        let auth = format!("Bearer {}", server.key);
+        let done = done.clone();
+        tasks.push(tokio::spawn(async move {
+            let request_id = uuid::Uuid::new_v4().to_string();
+            while Instant::now() < until {
+                let acquired = http
+                    .post(&lease)
+                    .header("authorization", &auth)
+                    .header("x-volcano-request-id", &request_id)
+                    .header("x-volcano-lock-token", TOKEN)
+                    .body(r#"{"ttl_seconds":30}"#)
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(acquired.status(), 201);
+                let _ = acquired.bytes().await;
+                let released = http
+                    .delete(&lease)
+                    .header("authorization", &auth)
+                    .header("x-volcano-request-id", &request_id)
+                    .header("x-volcano-lock-token", TOKEN)
+                    .send()
+                    .await
+                    .unwrap();
+                assert_eq!(released.status(), 204);
+                let _ = released.bytes().await;
+                done.fetch_add(1, Ordering::Relaxed);
+            }
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    done.load(Ordering::Relaxed) as f64 / seconds as f64
+}
+
+async fn throughput() {
+    const CONNECTIONS: usize = 64;
+    const SECONDS: u64 = 5;
+    let mock = Server::start("mock");
+    let baseline = Server::start("baseline");
+    pairs_per_second(&mock, CONNECTIONS, 1).await;
+    pairs_per_second(&baseline, CONNECTIONS, 1).await;
+    let (mut on_mock, mut on_baseline) = (Vec::new(), Vec::new());
+    for _ in 0..3 {
+        on_mock.push(pairs_per_second(&mock, CONNECTIONS, SECONDS).await);
+        mock.control("reset", "").await;
+        on_baseline.push(pairs_per_second(&baseline, CONNECTIONS, SECONDS).await);
+    }
+    let (m, b) = (median(&mut on_mock), median(&mut on_baseline));
+    let ratio = m / b;
+    let verdict = if ratio >= 0.8 { "met" } else { "NOT met" };
+    report(
+        "throughput",
+        "2. Mock server throughput",
+        &format!(
+            "{}\n\nAcquire + release pairs per second from {CONNECTIONS} concurrent keep-alive \
+             connections (one key each), 3 alternating runs of {SECONDS} s; the load \
+             generator shares the machine with the server.\n\n\
+             | server | pairs/s (median) |\n|---|---|\n\
+             | mock lock server | {m:.0} |\n| no-op handler, same stack | {b:.0} |\n\n\
+             Ratio: **{ratio:.2}** (target ≥ 0.8: {verdict}). On 2 cores the load generator \
+             takes most of the CPU, so both figures are bounded by it; a ratio near or above 1 \
+             means the lock logic is not the bottleneck.",
+            machine()
+        ),
+    );
+}
+
+// ------------------------------------------------------------ 3. scale
+
+#[derive(serde::Serialize, serde::Deserialize)]
+struct ScaleRun {
+    guards: usize,
+    renewals: usize,
+    renewal_503s: usize,
+    losses: usize,
+    other_errors: usize,
+    rss_per_guard_kib: f64,
+    client_cpu: f64,
+    server_cpu: f64,
+    acquire_secs: f64,
+}
+
+impl ScaleRun {
+    fn to_json(&self) -> String {
+        serde_json::to_string(self).unwrap()
+    }
+}
+
+fn scale_guards() -> usize {
+    std::env::var("VOLCANO_BENCH_GUARDS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(10_000)
+}
+
+/// Runs one scale scenario in a fresh process, so that its memory figure
+/// does not include what an earlier run freed.
+fn scale_in_child(every: u32) -> ScaleRun {
+    let output = Command::new(std::env::current_exe().unwrap())
+        .args(["--scale-run", &every.to_string()])
+        .stderr(Stdio::inherit())
+        .output()
+        .expect("the scale run starts");
+    let text = String::from_utf8_lossy(&output.stdout);
+    serde_json::from_str(text.lines().last().unwrap_or_default()).expect("scale figures")
+}
+
+async fn scale_run(guards: usize, hold: Duration, every: Option<u32>) -> ScaleRun {
+    let server = Server::start("mock");
+    if let Some(n) = every {
+        server
+            .control(
+                "faults",
+                &format!(r#"{{"kind":"status","status":503,"operation":"renew","every":{n}}}"#),
+            )
+            .await;
+    }
+    let client = server.client();
+    let locks = client.locks();
+    let rss_before = rss_kib();
+    let started = Instant::now();
+    let held = Arc::new(AtomicUsize::new(0));
+    let gate = Arc::new(tokio::sync::Semaphore::new(256));
+    let until = tokio::time::Instant::now() + hold + Duration::from_secs(10);
+    let mut tasks = Vec::with_capacity(guards);
+    for i in 0..guards {
+        let (locks, held, gate) = (locks.clone(), held.clone(), gate.clone());
+        tasks.push(tokio::spawn(async move {
+            let permit = gate.acquire_owned().await.unwrap();
+            locks
+                .with_lock(
+                    format!("scale-{i}"),
+                    Duration::from_secs(15),
+                    |_guard| async move {
+                        drop(permit);
+                        held.fetch_add(1, Ordering::Relaxed);
+                        tokio::time::sleep_until(until).await;
+                        Ok::<_, Error>(())
+                    },
+                )
+                .await
+        }));
+    }
+    while held.load(Ordering::Relaxed) < guards && started.elapsed() < Duration::from_secs(60) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let acquire_secs = started.elapsed().as_secs_f64();
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let rss_held = rss_kib();
+    // Count from here: every guard is held and renewing.
+    let seq = |r: &serde_json::Value| r["seq"].as_u64().unwrap_or(0);
+    let window_start = server.journal().await.last().map_or(0, seq);
+    let cpu_start = cpu_seconds("/proc/self/stat");
+    let server_cpu_start = server.cpu_seconds();
+    tokio::time::sleep(hold).await;
+    let client_cpu = cpu_seconds("/proc/self/stat") - cpu_start;
+    let server_cpu = server.cpu_seconds() - server_cpu_start;
+    let journal = server.journal().await;
+    let renew = |status: u64| {
+        journal
+            .iter()
+            .filter(|r| seq(r) > window_start && r["operation"] == "renew" && r["status"] == status)
+            .count()
+    };
+    let (renewals, renewal_503s) = (renew(200), renew(503));
+    let (mut losses, mut other_errors) = (0, 0);
+    for task in tasks {
+        match task.await.unwrap() {
+            Ok(()) => {}
+            Err(Error::LockLost(_)) => losses += 1,
+            Err(_) => other_errors += 1,
+        }
+    }
+    ScaleRun {
+        guards,
+        renewals,
+        renewal_503s,
+        losses,
+        other_errors,
+        rss_per_guard_kib: rss_held.saturating_sub(rss_before) as f64 / guards as f64,
+        client_cpu,
+        server_cpu,
+        acquire_secs,
+    }
+}
+
+async fn scale() {
+    let hold = Duration::from_secs(30);
+    let clean = tokio::task::spawn_blocking(|| scale_in_child(0))
+        .await
+        .unwrap();
+    let faulty = tokio::task::spawn_blocking(|| scale_in_child(20))
+        .await
+        .unwrap();
+    let row = |name: &str, r: &ScaleRun| {
+        format!(
+            "| {name} | {} | {:.1} s | {} | {} | {} | {} | {:.1} KiB | {:.1} s | {:.1} s |",
+            r.guards,
+            r.acquire_secs,
+            r.renewals,
+            r.renewal_503s,
+            r.losses,
+            r.other_errors,
+            r.rss_per_guard_kib,
+            r.client_cpu,
+            r.server_cpu
+        )
+    };
+    report(
+        "scale",
+        "3. Scale: 10,000 guards on one client",
+        &format!(
+            "{}\n\n`with_lock` guards on distinct keys (ttl 15 s) on one `Client`, held for \
+             {} s after all were acquired; renewals and CPU are counted over that window. \
+             Memory is the client's RSS growth per held guard.\n\n\
+             | run | guards | time to acquire all | renewals | renewal 503s | losses | other errors | RSS per guard | client CPU | server CPU |\n\
+             |---|---|---|---|---|---|---|---|---|---|\n{}\n{}\n\n\
+             Target: 0 losses in both runs.",
+            machine(),
+            hold.as_secs(),
+            row("clean", &clean),
+            row("5 % of renewals answered 503", &faulty),
+        ),
+    );
+}
+
+// ------------------------------------------------------------ 4. latency
+
+async fn latency_samples(server: &Server, clients: usize, per_client: usize) -> Vec<Duration> {
+    let mut tasks = Vec::new();
+    for c in 0..clients {
+        let locks = server.client().locks();
+        tasks.push(tokio::spawn(async move {
+            let mut samples = Vec::with_capacity(per_client);
+            for _ in 0..per_client {
+                let started = Instant::now();
+                let lease = locks
+                    .acquire(format!("latency-{c}"), Duration::from_secs(30))
+                    .await
+                    .unwrap();
+                samples.push(started.elapsed());
+                locks.release(&lease).await.unwrap();
+            }
+            samples
+        }));
+    }
+    let mut all = Vec::new();
+    for task in tasks {
+        all.extend(task.await.unwrap());
+    }
+    all.sort();
+    all
+}
+
+async fn latency() {
+    let server = Server::start("mock");
+    latency_samples(&server, 4, 100).await;
+    let mut rows = Vec::new();
+    for (clients, per_client) in [(1, 3_000), (64, 100)] {
+        let samples = latency_samples(&server, clients, per_client).await;
+        server.control("reset", "").await;
+        rows.push(format!(
+            "| {clients} | {} | {} | {} | {} | {} |",
+            samples.len(),
+            micros(percentile(&samples, 0.50)),
+            micros(percentile(&samples, 0.90)),
+            micros(percentile(&samples, 0.99)),
+            micros(*samples.last().unwrap()),
+        ));
+    }
+    report(
+        "latency",
+        "4. Acquire latency on loopback",
+        &format!(
+            "{}\n\nSDK `acquire` against the mock server (release untimed), each client \
+             with its own `Client` and key.\n\n\
+             | concurrent clients | samples | p50 | p90 | p99 | max |\n|---|---|---|---|---|---|\n{}",
+            machine(),
+            rows.join("\n")
+        ),
+    );
+}
