@@ -102,13 +102,13 @@ async fn a_waiter_times_out_with_the_last_conflict() {
         "never much past the timeout: {took:?}"
     );
     // The same token on every try.
-    let tokens: std::collections::HashSet<_> = server
+    let request_ids: std::collections::HashSet<_> = server
         .requests()
         .iter()
         .filter(|r| r.operation == Operation::Acquire && r.status == Some(409))
         .map(|r| r.request_id.clone())
         .collect();
-    assert_eq!(tokens.len(), 1, "one logical call, one request id");
+    assert_eq!(request_ids.len(), 1, "one logical call, one request id");
 }
 
 #[tokio::test]

@@ -179,6 +179,8 @@ impl Common {
         }
     }
 
+    /// Sends one call; `limit` (one try of a waiting acquire) overrides the
+    /// builder's timeout.
     async fn send(
         &self,
         op: Op,
@@ -186,6 +188,7 @@ impl Common {
         token: Option<&str>,
         request_id: &str,
         ttl_secs: Option<u64>,
+        limit: Option<Duration>,
     ) -> Result<Option<serde_json::Map<String, serde_json::Value>>> {
         let call = Call {
             op,
@@ -193,7 +196,7 @@ impl Common {
             token,
             request_id,
             ttl_secs,
-            timeout: self.timeout,
+            timeout: limit.or(self.timeout),
         };
         self.locks.client.transport().execute(&call).await
     }
@@ -371,15 +374,17 @@ impl Acquire {
         timeout: Option<Duration>,
     ) -> Result<(LockLease, Duration)> {
         let sent_at = self.common.locks.client.lease_clock().now();
-        let call = Call {
-            op: Op::Acquire,
-            key: &self.key,
-            token: Some(&token),
-            request_id,
-            ttl_secs: Some(ttl),
-            timeout: timeout.or(self.common.timeout),
-        };
-        let body = self.common.locks.client.transport().execute(&call).await?;
+        let body = self
+            .common
+            .send(
+                Op::Acquire,
+                &self.key,
+                Some(&token),
+                request_id,
+                Some(ttl),
+                timeout,
+            )
+            .await?;
         let lease = LockLease::decode(self.key.clone(), token, &expect_body(body))
             .map_err(|r| invalid_response(r, 201, request_id.to_owned()))?;
         tracing::debug!(
@@ -419,6 +424,7 @@ impl Renew {
                 Some(lease.token()),
                 &request_id,
                 Some(ttl),
+                None,
             )
             .await?;
         LockLease::decode(
@@ -447,7 +453,7 @@ impl Get {
         let request_id = self.common.request_id()?;
         let body = self
             .common
-            .send(Op::Get, &self.key, None, &request_id, None)
+            .send(Op::Get, &self.key, None, &request_id, None, None)
             .await?;
         LockState::decode(&expect_body(body)).map_err(|r| invalid_response(r, 200, request_id))
     }
@@ -475,6 +481,7 @@ impl Release {
                 self.lease.key(),
                 Some(self.lease.token()),
                 &request_id,
+                None,
                 None,
             )
             .await?;
@@ -504,7 +511,7 @@ impl ForceRelease {
         self.common.check_timeout()?;
         let request_id = self.common.request_id()?;
         self.common
-            .send(Op::ForceRelease, &self.key, None, &request_id, None)
+            .send(Op::ForceRelease, &self.key, None, &request_id, None, None)
             .await?;
         tracing::info!(key = %self.key, request_id, "lock force-released");
         Ok(())
