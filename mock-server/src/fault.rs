@@ -48,6 +48,11 @@ pub enum FaultKind {
         /// Milliseconds to wait.
         delay_ms: u64,
     },
+    /// Apply the request at once, then hold the answer this long.
+    DelayResponse {
+        /// Milliseconds to hold the answer.
+        ms: u64,
+    },
 }
 
 /// A fault to inject with `MockServer::inject`.
@@ -57,7 +62,12 @@ pub enum FaultKind {
 /// use volcano_mock_server::{Fault, Operation};
 /// let fault = Fault::status(503).on(Operation::Renew).times(2);
 /// let slow = Fault::delay(Duration::from_millis(1500)).on(Operation::Any);
-/// # let _ = (fault, slow);
+/// // Applied at once, answered two seconds later: a client that gives up
+/// // first does not know it holds the lock.
+/// let late = Fault::delay_response(Duration::from_secs(2))
+///     .on(Operation::Acquire)
+///     .times(1);
+/// # let _ = (fault, slow, late);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Fault {
@@ -83,6 +93,10 @@ pub struct Fault {
 
 fn any() -> Operation {
     Operation::Any
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 impl Fault {
@@ -117,8 +131,16 @@ impl Fault {
     /// change happens after the delay, as on a slow network).
     pub fn delay(delay: Duration) -> Self {
         Self::new(FaultKind::Delay {
-            delay_ms: u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
+            delay_ms: millis(delay),
         })
+    }
+
+    /// Apply the request at once (the state change and the journal entry
+    /// happen before the wait), then hold the answer for `delay`. With a
+    /// status fault it is that answer that waits; with `drop_response` or
+    /// `reset` the connection closes after the wait.
+    pub fn delay_response(delay: Duration) -> Self {
+        Self::new(FaultKind::DelayResponse { ms: millis(delay) })
     }
 
     /// Limit the fault to one operation.
@@ -155,7 +177,12 @@ impl Fault {
 /// The faults that apply to one request.
 #[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Planned {
+    /// Wait before applying (every matching `delay`, added up).
     pub(crate) delay: Duration,
+    /// Wait after applying, before answering (every matching
+    /// `delay_response`, added up).
+    pub(crate) delay_response: Duration,
+    /// The first matching status, drop_response or reset fault.
     pub(crate) action: Option<FaultKind>,
 }
 
@@ -174,8 +201,9 @@ impl Faults {
         self.lock().clear();
     }
 
-    /// Takes what applies to this request: every matching delay (added up)
-    /// and the first matching other fault; each use counts against `times`.
+    /// Takes what applies to this request: every matching delay and
+    /// delay_response (each kind added up, saturating) and the first
+    /// matching other fault; each use counts against `times`.
     pub(crate) fn plan(&self, op: Operation, key: &str) -> Planned {
         let mut list = self.lock();
         if list.is_empty() {
@@ -191,7 +219,14 @@ impl Faults {
             }
             match fault.kind {
                 FaultKind::Delay { delay_ms } => {
-                    planned.delay += Duration::from_millis(delay_ms);
+                    planned.delay = planned
+                        .delay
+                        .saturating_add(Duration::from_millis(delay_ms));
+                }
+                FaultKind::DelayResponse { ms } => {
+                    planned.delay_response = planned
+                        .delay_response
+                        .saturating_add(Duration::from_millis(ms));
                 }
                 kind if planned.action.is_none() => planned.action = Some(kind),
                 _ => continue,
@@ -224,6 +259,7 @@ mod tests {
             p,
             Planned {
                 delay: Duration::from_millis(10),
+                delay_response: Duration::ZERO,
                 action: None
             }
         );
@@ -251,6 +287,59 @@ mod tests {
         );
         let parsed: Fault = serde_json::from_str(r#"{"kind":"delay","delay_ms":1500}"#).unwrap();
         assert_eq!(parsed, Fault::delay(Duration::from_millis(1500)));
+        let parsed: Fault = serde_json::from_str(
+            r#"{"kind":"delay_response","ms":250,"operation":"acquire","times":1}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            parsed,
+            Fault::delay_response(Duration::from_millis(250))
+                .on(Operation::Acquire)
+                .times(1)
+        );
+        assert_eq!(
+            serde_json::to_value(FaultKind::DelayResponse { ms: 250 }).unwrap(),
+            serde_json::json!({"kind": "delay_response", "ms": 250})
+        );
+    }
+
+    #[test]
+    fn delays_of_each_kind_add_up_beside_one_action() {
+        let faults = Faults::default();
+        faults.push(Fault::delay_response(Duration::from_millis(100)).times(1));
+        faults.push(Fault::delay(Duration::from_millis(7)).times(1));
+        faults.push(Fault::delay_response(Duration::from_millis(20)).on(Operation::Get));
+        faults.push(Fault::status(503).times(1));
+        faults.push(Fault::drop_response());
+        assert_eq!(
+            faults.plan(Operation::Get, "k"),
+            Planned {
+                delay: Duration::from_millis(7),
+                delay_response: Duration::from_millis(120),
+                action: Some(FaultKind::Status { status: 503 }),
+            }
+        );
+        assert_eq!(
+            faults.plan(Operation::Get, "k"),
+            Planned {
+                delay: Duration::ZERO,
+                delay_response: Duration::from_millis(20),
+                action: Some(FaultKind::DropResponse),
+            }
+        );
+    }
+
+    #[test]
+    fn huge_delays_saturate_instead_of_overflowing() {
+        // Each is u64::MAX ms; a thousand and one of them pass Duration::MAX.
+        let faults = Faults::default();
+        for _ in 0..1_001 {
+            faults.push(Fault::delay(Duration::MAX));
+            faults.push(Fault::delay_response(Duration::MAX));
+        }
+        let planned = faults.plan(Operation::Acquire, "k");
+        assert_eq!(planned.delay, Duration::MAX);
+        assert_eq!(planned.delay_response, Duration::MAX);
     }
 
     #[test]

@@ -15,6 +15,8 @@
 //! let server = MockServer::start().await; // 127.0.0.1, random port
 //! println!("{} with key {}", server.url(), server.service_key());
 //! server.inject(Fault::status(503).on(Operation::Acquire).times(1));
+//! // Apply the renewal at once, answer it 2 s later:
+//! server.inject(Fault::delay_response(Duration::from_secs(2)).on(Operation::Renew).times(1));
 //! server.advance(Duration::from_secs(31)); // expire leases without sleeping
 //! for request in server.requests() {
 //!     println!("{:?} {} -> {:?}", request.operation, request.key, request.status);
@@ -22,9 +24,15 @@
 //! # }
 //! ```
 //!
+//! Faults: [`Fault::status`] answers without applying, [`Fault::drop_response`]
+//! applies and closes the connection unanswered, [`Fault::reset`] closes it
+//! before applying, [`Fault::delay`] waits before applying, and
+//! [`Fault::delay_response`] applies at once and then holds the answer.
+//!
 //! The same controls are served over HTTP under `/__mock/` (no credential):
 //! `POST /__mock/faults` (a [`Fault`] as JSON, e.g.
-//! `{"kind":"status","status":503,"operation":"acquire","times":1}`),
+//! `{"kind":"status","status":503,"operation":"acquire","times":1}` or
+//! `{"kind":"delay_response","ms":1500,"operation":"renew","times":1}`),
 //! `DELETE /__mock/faults`, `POST /__mock/advance` (`{"seconds": 31}`),
 //! `GET /__mock/requests`, `GET /__mock/locks`, `POST /__mock/reset`.
 #![deny(missing_docs)]

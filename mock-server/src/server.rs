@@ -41,7 +41,8 @@ const MAX_TTL: i64 = 7_776_000;
 pub struct RecordedRequest {
     /// Arrival order, from 1.
     pub seq: u64,
-    /// Server time when the request was handled (after any injected delay).
+    /// Server time when the request was handled (after any injected delay,
+    /// before any delay_response).
     pub at: DateTime<Utc>,
     /// The operation.
     pub operation: Operation,
@@ -52,7 +53,10 @@ pub struct RecordedRequest {
     /// The status sent, or that would have been sent when the response was
     /// dropped; `None` when the connection was reset before applying.
     pub status: Option<u16>,
-    /// The injected fault that shaped this answer, if any.
+    /// The injected fault that shaped this answer, if any. When several
+    /// did, a status, drop_response or reset fault is shown first, then
+    /// delay_response, then delay; matching delays (or delay_responses) are
+    /// shown added up.
     pub fault: Option<FaultKind>,
     /// The fencing token granted or reported (acquire, renew, get).
     pub fencing_token: Option<i64>,
@@ -516,49 +520,73 @@ async fn lock_endpoint(
         fencing_token: None,
         expires_at: None,
     };
-    let response = match prepare(&shared, &route, &parts.headers, body).await {
-        Err(reject) => reject.into_response(),
-        Ok(prepared) => {
-            let planned = shared.faults.plan(route.op, &route.key);
-            if !planned.delay.is_zero() {
-                entry.fault = Some(FaultKind::Delay {
-                    delay_ms: planned.delay.as_millis() as u64,
-                });
-                tokio::time::sleep(planned.delay).await;
+    let prepared = match prepare(&shared, &route, &parts.headers, body).await {
+        Ok(prepared) => prepared,
+        Err(reject) => {
+            let response = reject.into_response();
+            entry.status = Some(response.status().as_u16());
+            shared.record(entry);
+            return response;
+        }
+    };
+    let planned = shared.faults.plan(route.op, &route.key);
+    if !planned.delay.is_zero() {
+        entry.fault = Some(FaultKind::Delay {
+            delay_ms: millis(planned.delay),
+        });
+        tokio::time::sleep(planned.delay).await;
+    }
+    let now = shared.clock.now();
+    entry.at = now;
+    if !planned.delay_response.is_zero() {
+        entry.fault = Some(FaultKind::DelayResponse {
+            ms: millis(planned.delay_response),
+        });
+    }
+    // `None`: close the connection instead of answering.
+    let outcome = match planned.action {
+        Some(kind @ FaultKind::Status { status }) => {
+            entry.fault = Some(kind);
+            Some(fault_response(status).into_response())
+        }
+        Some(kind @ FaultKind::Reset) => {
+            entry.fault = Some(kind);
+            None
+        }
+        action => {
+            let answer = apply(&shared, &route, prepared, now);
+            if let Some(grant) = answer.grant() {
+                entry.fencing_token = Some(grant.fencing_token);
+                entry.expires_at = Some(grant.expires_at);
             }
-            let now = shared.clock.now();
-            entry.at = now;
-            match planned.action {
-                Some(kind @ FaultKind::Status { status }) => {
+            let response = answer.into_response();
+            entry.status = Some(response.status().as_u16());
+            match action {
+                Some(kind @ FaultKind::DropResponse) => {
                     entry.fault = Some(kind);
-                    fault_response(status).into_response()
+                    None
                 }
-                Some(kind @ FaultKind::Reset) => {
-                    entry.fault = Some(kind);
-                    shared.record(entry);
-                    return close(kill).await;
-                }
-                action => {
-                    let answer = apply(&shared, &route, prepared, now);
-                    if let Some(grant) = answer.grant() {
-                        entry.fencing_token = Some(grant.fencing_token);
-                        entry.expires_at = Some(grant.expires_at);
-                    }
-                    let response = answer.into_response();
-                    if let Some(kind @ FaultKind::DropResponse) = action {
-                        entry.fault = Some(kind);
-                        entry.status = Some(response.status().as_u16());
-                        shared.record(entry);
-                        return close(kill).await;
-                    }
-                    response
-                }
+                _ => Some(response),
             }
         }
     };
-    entry.status = Some(response.status().as_u16());
+    if let Some(response) = &outcome {
+        entry.status = Some(response.status().as_u16());
+    }
+    // Recorded before any delay_response wait, so the entry exists even
+    // when the client gives up while the answer is held.
     shared.record(entry);
-    response
+    if !planned.delay_response.is_zero() {
+        tokio::time::sleep(planned.delay_response).await;
+    }
+    match outcome {
+        Some(response) => response,
+        None => close(kill).await,
+    }
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// The benchmark baseline: what a no-op lock service would answer.

@@ -584,6 +584,122 @@ async fn delay_fault_holds_the_request() {
 }
 
 #[tokio::test]
+async fn delay_response_applies_before_answering() {
+    let server = MockServer::start().await;
+    let raw = std::sync::Arc::new(Raw::new(&server));
+    let hold = Duration::from_secs(2);
+    server.inject(Fault::delay_response(hold).on(Operation::Acquire).times(1));
+    let started = tokio::time::Instant::now();
+    let acquire = tokio::spawn({
+        let raw = raw.clone();
+        async move { raw.acquire("job", A, 30).await }
+    });
+    // Each look is a full request (not a sleep); the lease must show up
+    // while the acquire's answer is still held.
+    loop {
+        let state = raw.get("job").await;
+        if state.body["held"] == true {
+            assert_eq!(state.fence(), 1);
+            break;
+        }
+        assert!(
+            !acquire.is_finished() && started.elapsed() < hold,
+            "the lease was not visible before the answer was sent"
+        );
+    }
+    assert!(
+        !acquire.is_finished(),
+        "the answer is held after the lease exists"
+    );
+    let answer = acquire.await.unwrap();
+    assert!(started.elapsed() >= hold, "{:?}", started.elapsed());
+    assert_eq!((answer.status.as_u16(), answer.fence()), (201, 1));
+    let acquires: Vec<_> = server
+        .requests()
+        .into_iter()
+        .filter(|r| r.operation == Operation::Acquire)
+        .collect();
+    assert_eq!(acquires.len(), 1);
+    assert_eq!(
+        acquires[0].fault,
+        Some(FaultKind::DelayResponse { ms: 2_000 })
+    );
+    assert_eq!(acquires[0].status, Some(201));
+}
+
+#[tokio::test]
+async fn delay_response_is_journaled_even_when_the_client_gives_up() {
+    let server = MockServer::start().await;
+    server.inject(Fault::delay_response(Duration::from_secs(30)).on(Operation::Acquire));
+    let gave_up = reqwest::Client::new()
+        .post(format!("{}/locks/job/lease", server.url()))
+        .bearer_auth(server.service_key())
+        .header("x-volcano-request-id", RID)
+        .header("x-volcano-lock-token", A)
+        .body(r#"{"ttl_seconds":30}"#)
+        .timeout(Duration::from_millis(500))
+        .send()
+        .await;
+    assert!(gave_up.unwrap_err().is_timeout());
+    let journal = server.requests();
+    assert_eq!(journal.len(), 1, "{journal:?}");
+    assert_eq!(journal[0].status, Some(201));
+    assert_eq!(journal[0].fencing_token, Some(1));
+    assert_eq!(
+        journal[0].fault,
+        Some(FaultKind::DelayResponse { ms: 30_000 })
+    );
+    assert_eq!(server.locks().len(), 1, "applied though never answered");
+}
+
+#[tokio::test]
+async fn delay_response_over_http_json_and_with_a_status_fault() {
+    let server = MockServer::start().await;
+    let raw = Raw::new(&server);
+    let http = reqwest::Client::new();
+    let faults = format!("{}/__mock/faults", server.url());
+    let added = http
+        .post(&faults)
+        .body(r#"{"kind":"delay_response","ms":400,"operation":"acquire","times":1}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(added.status(), 201);
+    let started = tokio::time::Instant::now();
+    assert_eq!(raw.acquire("job", A, 30).await.status, 201);
+    assert!(started.elapsed() >= Duration::from_millis(400));
+    // Used up: the next acquire is not held.
+    let started = tokio::time::Instant::now();
+    assert_eq!(raw.acquire("job", A, 30).await.status, 201);
+    assert!(started.elapsed() < Duration::from_millis(400));
+
+    // Two add up, and a status fault's answer is what waits.
+    for body in [
+        r#"{"kind":"delay_response","ms":200,"operation":"renew","times":1}"#,
+        r#"{"kind":"delay_response","ms":300,"operation":"renew","times":1}"#,
+        r#"{"kind":"status","status":503,"operation":"renew","times":1}"#,
+    ] {
+        let added = http.post(&faults).body(body).send().await.unwrap();
+        assert_eq!(added.status(), 201, "{body}");
+    }
+    let started = tokio::time::Instant::now();
+    let renewed = raw.renew("job", A, 60).await;
+    assert!(started.elapsed() >= Duration::from_millis(500));
+    assert_error(&renewed, 503, Some("lock_service_unavailable"));
+    let journal = server.requests();
+    let last = journal.last().unwrap();
+    assert_eq!(
+        (last.operation, last.status, last.fault),
+        (
+            Operation::Renew,
+            Some(503),
+            Some(FaultKind::Status { status: 503 })
+        )
+    );
+    assert_eq!(journal[0].fault, Some(FaultKind::DelayResponse { ms: 400 }));
+}
+
+#[tokio::test]
 async fn journal_records_operation_key_request_id_and_status() {
     let server = MockServer::start().await;
     let raw = Raw::new(&server);
