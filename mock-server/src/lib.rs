@@ -33,10 +33,12 @@
 //! `POST /__mock/faults` (a [`Fault`] as JSON, e.g.
 //! `{"kind":"status","status":503,"operation":"acquire","times":1}` or
 //! `{"kind":"delay_response","ms":1500,"operation":"renew","times":1}`),
-//! `DELETE /__mock/faults`, `POST /__mock/advance` (`{"seconds": 31}`),
+//! `DELETE /__mock/faults`, `POST /__mock/advance` (`{"seconds": 31}`; 400
+//! for a negative or invalid number, or one past the clock's limit),
 //! `GET /__mock/requests`, `GET /__mock/locks`, `POST /__mock/reset`.
 #![deny(missing_docs)]
 
+mod clock;
 mod fault;
 mod server;
 mod state;
@@ -49,6 +51,7 @@ use std::time::Duration;
 use tokio::net::TcpListener;
 use tokio::sync::watch;
 
+pub use clock::ClockRangeError;
 pub use fault::{Fault, FaultKind, Operation};
 pub use server::{RecordedRequest, HEADER_READ_TIMEOUT, MAX_BODY, MAX_JOURNAL};
 pub use state::LockSnapshot;
@@ -60,6 +63,8 @@ pub const DEFAULT_SERVICE_KEY: &str = "volcano-mock-service-key";
 /// Anon key recognised (and refused for locks with 403) unless another is
 /// configured.
 pub const DEFAULT_ANON_KEY: &str = "volcano-mock-anon-key";
+
+const MAX_READ_TIMEOUT: Duration = Duration::from_secs(86_400);
 
 /// A running mock lock service for one project. Dropping it stops it and
 /// closes every connection.
@@ -117,8 +122,36 @@ impl MockServer {
     }
 
     /// Moves the server clock forward: leases expire without sleeping.
+    ///
+    /// # Panics
+    /// If the clock would pass the latest time it can show,
+    /// 9000-01-01T00:00:00Z (the clock is left unchanged); use
+    /// [`MockServer::try_advance`] to handle that.
+    #[track_caller]
     pub fn advance(&self, by: Duration) {
-        self.shared.clock.advance(by);
+        if let Err(err) = self.try_advance(by) {
+            panic!("{err}");
+        }
+    }
+
+    /// Moves the server clock forward and returns the time it moved to, or
+    /// refuses, changing nothing, when that would pass the latest time it
+    /// can show (9000-01-01T00:00:00Z). Advances are counted to the
+    /// millisecond; concurrent ones add up, and the clock never goes back.
+    ///
+    /// ```no_run
+    /// # async fn demo() {
+    /// use std::time::Duration;
+    /// let server = volcano_mock_server::MockServer::start().await;
+    /// let now = server.try_advance(Duration::from_secs(31)).unwrap();
+    /// assert!(server.try_advance(Duration::MAX).is_err());
+    /// # let _ = now; }
+    /// ```
+    pub fn try_advance(
+        &self,
+        by: Duration,
+    ) -> Result<chrono::DateTime<chrono::Utc>, ClockRangeError> {
+        self.shared.clock.try_advance(by)
     }
 
     /// The server's current time.
@@ -233,9 +266,10 @@ impl MockServerBuilder {
 
     /// How long a client may take to send its request headers, and then its
     /// body (default 10 s each): slow or lying clients cannot pin
-    /// connections forever.
+    /// connections forever. Anything over a day counts as a day.
     pub fn header_read_timeout(mut self, timeout: Duration) -> Self {
-        self.header_read_timeout = timeout;
+        // hyper adds the timeout to an Instant, which panics on overflow.
+        self.header_read_timeout = timeout.min(MAX_READ_TIMEOUT);
         self
     }
 

@@ -5,7 +5,6 @@
 use std::borrow::Cow;
 use std::collections::VecDeque;
 use std::convert::Infallible;
-use std::sync::atomic::{AtomicI64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -24,6 +23,7 @@ use tokio::sync::{watch, Notify};
 use tower::ServiceExt;
 use uuid::Uuid;
 
+use crate::clock::Clock;
 use crate::fault::{Fault, FaultKind, Faults, Operation};
 use crate::state::{Grant, LockSnapshot, Refusal, Store};
 
@@ -62,33 +62,6 @@ pub struct RecordedRequest {
     pub fencing_token: Option<i64>,
     /// The expiry granted or reported (acquire, renew, get).
     pub expires_at: Option<DateTime<Utc>>,
-}
-
-/// The server clock: real time plus whatever `advance` added. Never goes back.
-pub(crate) struct Clock {
-    base_wall: DateTime<Utc>,
-    base: tokio::time::Instant,
-    offset_ms: AtomicI64,
-}
-
-impl Clock {
-    fn new() -> Self {
-        Clock {
-            base_wall: Utc::now(),
-            base: tokio::time::Instant::now(),
-            offset_ms: AtomicI64::new(0),
-        }
-    }
-
-    pub(crate) fn now(&self) -> DateTime<Utc> {
-        let elapsed = TimeDelta::from_std(self.base.elapsed()).unwrap_or(TimeDelta::MAX);
-        self.base_wall + elapsed + TimeDelta::milliseconds(self.offset_ms.load(Ordering::Relaxed))
-    }
-
-    pub(crate) fn advance(&self, by: Duration) {
-        let ms = i64::try_from(by.as_millis()).unwrap_or(i64::MAX);
-        self.offset_ms.fetch_add(ms, Ordering::Relaxed);
-    }
 }
 
 /// Fixed one-minute quota windows, on the server clock.
@@ -715,12 +688,16 @@ struct Advance {
 }
 
 async fn advance(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
-    match serde_json::from_slice::<Advance>(&body) {
-        Ok(Advance { seconds }) if seconds.is_finite() && seconds >= 0.0 => {
-            shared.clock.advance(Duration::from_secs_f64(seconds));
-            Json(json!({ "now": time(shared.clock.now()) })).into_response()
-        }
-        _ => bad_request(r#"body must be {"seconds": non-negative number}"#).into_response(),
+    // Negative, NaN, infinite and too-large numbers all fail the conversion.
+    let by = serde_json::from_slice::<Advance>(&body)
+        .ok()
+        .and_then(|Advance { seconds }| Duration::try_from_secs_f64(seconds).ok());
+    let Some(by) = by else {
+        return bad_request(r#"body must be {"seconds": non-negative number}"#).into_response();
+    };
+    match shared.clock.try_advance(by) {
+        Ok(now) => Json(json!({ "now": time(now) })).into_response(),
+        Err(err) => bad_request(err.to_string()).into_response(),
     }
 }
 

@@ -1,5 +1,7 @@
 //! The lease state machine: every rule of the lock service, pure and
-//! synchronous. Time is passed in; the HTTP layer owns the clock.
+//! synchronous. Time is passed in; the HTTP layer owns the clock, which
+//! never passes the year 9000, so the additions here (at most now + 90 days
+//! + 1 s) cannot overflow.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};

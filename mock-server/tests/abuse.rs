@@ -227,3 +227,12 @@ async fn thousands_of_keys_leave_memory_bounded() {
         "memory grew: {after_cycle:?}"
     );
 }
+
+#[tokio::test]
+async fn a_huge_header_read_timeout_does_not_break_connections() {
+    let server = MockServer::builder()
+        .header_read_timeout(Duration::MAX)
+        .start()
+        .await;
+    get_ok(&server).await;
+}

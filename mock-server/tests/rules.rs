@@ -700,6 +700,91 @@ async fn delay_response_over_http_json_and_with_a_status_fault() {
 }
 
 #[tokio::test]
+async fn huge_or_invalid_advances_get_400_and_the_server_keeps_working() {
+    let server = MockServer::start().await;
+    let raw = Raw::new(&server);
+    let http = reqwest::Client::new();
+    let advance = |body: &str| {
+        http.post(format!("{}/__mock/advance", server.url()))
+            .body(body.to_owned())
+            .send()
+    };
+    let before = server.now();
+    let u64_max = format!(r#"{{"seconds": {}}}"#, u64::MAX);
+    for body in [
+        u64_max.as_str(),
+        r#"{"seconds": 1e300}"#,
+        r#"{"seconds": 1e400}"#,
+        r#"{"seconds": 1e15}"#, // a valid Duration, but past the year 9000
+        r#"{"seconds": -1}"#,
+        r#"{"seconds": NaN}"#,
+        r#"{"seconds": "NaN"}"#,
+    ] {
+        let response = advance(body).await.expect("answered, not dropped");
+        assert_eq!(response.status(), 400, "{body}");
+        let error: Value = response.json().await.unwrap();
+        assert!(error["error"].is_string(), "{body}: {error}");
+    }
+    let after = server.now();
+    assert!(
+        after >= before && after - before < chrono::TimeDelta::minutes(1),
+        "{before} -> {after}"
+    );
+    let acquired = raw.acquire("job", A, 30).await;
+    assert_eq!(acquired.status, 201);
+    assert_eq!(raw.get("job").await.body["held"], true);
+    assert_eq!(raw.release("job", A).await.status, 204);
+
+    // Near the limit the lease arithmetic still works; one more step is
+    // refused and the clock stays where it was.
+    let near = advance(r#"{"seconds": 2e11}"#).await.unwrap();
+    assert_eq!(near.status(), 200);
+    let near: Value = near.json().await.unwrap();
+    let near: chrono::DateTime<chrono::Utc> = near["now"].as_str().unwrap().parse().unwrap();
+    assert!(near > before + chrono::TimeDelta::days(2_000_000));
+    let refused = advance(r#"{"seconds": 2e11}"#).await.unwrap();
+    assert_eq!(refused.status(), 400);
+    let refused: Value = refused.json().await.unwrap();
+    assert!(
+        refused["error"].as_str().unwrap().contains("9000-01-01"),
+        "{refused}"
+    );
+    let now = server.now();
+    assert!(now >= near && now - near < chrono::TimeDelta::minutes(1));
+    let long = raw.acquire("far", B, 7_776_000).await;
+    assert_eq!(long.status, 201);
+    assert!(long.expires() >= near + chrono::TimeDelta::days(90));
+    assert_eq!(raw.renew("far", B, 7_776_000).await.status, 200);
+    assert_eq!(raw.get("far").await.body["held"], true);
+}
+
+#[tokio::test]
+async fn try_advance_refuses_past_the_limit_and_advance_panics_in_the_caller() {
+    let server = MockServer::start().await;
+    let before = server.now();
+    let err = server.try_advance(Duration::MAX).unwrap_err();
+    assert!(err.to_string().contains("9000-01-01T00:00:00"), "{err}");
+    assert_eq!(err.limit().to_rfc3339(), "9000-01-01T00:00:00+00:00");
+    let unchanged = server.now();
+    assert!(unchanged >= before && unchanged - before < chrono::TimeDelta::minutes(1));
+
+    let panic = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        server.advance(Duration::from_secs(u64::MAX))
+    }))
+    .expect_err("advance panics past the limit");
+    let message = panic.downcast_ref::<String>().expect("a formatted message");
+    assert!(message.contains("9000-01-01T00:00:00"), "{message}");
+    assert!(server.now() - before < chrono::TimeDelta::minutes(1));
+
+    // The server never saw a panic: it keeps serving, and the clock moves.
+    let raw = Raw::new(&server);
+    assert_eq!(raw.acquire("job", A, 300).await.status, 201);
+    let moved = server.try_advance(Duration::from_secs(60)).unwrap();
+    assert!(moved >= before + chrono::TimeDelta::seconds(60));
+    assert_eq!(raw.get("job").await.body["held"], true);
+}
+
+#[tokio::test]
 async fn journal_records_operation_key_request_id_and_status() {
     let server = MockServer::start().await;
     let raw = Raw::new(&server);
