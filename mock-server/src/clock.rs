@@ -1,12 +1,14 @@
 //! The movable server clock: real time plus whatever `advance` added. It
 //! never goes back and never passes its limit, so the lease arithmetic
-//! (now + ttl, + 90 days, + the grace) and the `Date` header cannot overflow.
+//! (now + ttl, + 90 days, + the grace) cannot overflow. Every response's
+//! `Date` header is this clock's time, in HTTP's format.
 
 use std::fmt;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
-use chrono::{DateTime, TimeDelta, Utc};
+use axum::http::HeaderValue;
+use chrono::{DateTime, Datelike, TimeDelta, Timelike, Utc};
 
 /// The latest time the clock shows, 9000-01-01T00:00:00Z, in Unix seconds.
 /// Far below chrono's end (year 262143), so `now + 90 days + ttl + grace`
@@ -113,6 +115,30 @@ impl Clock {
     }
 }
 
+/// `time` as an HTTP `Date` (RFC 7231 IMF-fixdate), rounded UP to the whole
+/// second: a client that derives its lease as `expires_at - Date` may
+/// understate it by under a second but never overstates it.
+pub(crate) fn http_date(time: DateTime<Utc>) -> HeaderValue {
+    const DAYS: [&str; 7] = ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"];
+    const MONTHS: [&str; 12] = [
+        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    ];
+    let rounded_up = time.timestamp() + i64::from(time.timestamp_subsec_nanos() > 0);
+    let t = DateTime::from_timestamp(rounded_up, 0).unwrap_or(time);
+    let text = format!(
+        "{}, {:02} {} {:04} {:02}:{:02}:{:02} GMT",
+        DAYS[t.weekday().num_days_from_monday() as usize],
+        t.day(),
+        MONTHS[t.month0() as usize],
+        t.year(),
+        t.hour(),
+        t.minute(),
+        t.second(),
+    );
+    // Only ASCII letters, digits, spaces, ',' and ':' were written.
+    HeaderValue::try_from(text).unwrap_or(HeaderValue::from_static("Thu, 01 Jan 1970 00:00:00 GMT"))
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -166,6 +192,7 @@ mod tests {
                 .is_err());
         }
         assert!(clock.now() >= near);
+        assert_eq!(http_date(limit()), "Wed, 01 Jan 9000 00:00:00 GMT");
     }
 
     #[test]
@@ -188,5 +215,21 @@ mod tests {
         let gained = clock.now() - before;
         assert!(gained >= TimeDelta::seconds(8_000), "{gained}");
         assert!(gained < TimeDelta::seconds(8_000 + 3_600), "{gained}");
+    }
+
+    #[test]
+    fn http_dates_are_imf_fixdate_rounded_up() {
+        assert_eq!(
+            http_date(at("1994-11-06T08:49:37Z")),
+            "Sun, 06 Nov 1994 08:49:37 GMT"
+        );
+        assert_eq!(
+            http_date(at("1994-11-06T08:49:37.001Z")),
+            "Sun, 06 Nov 1994 08:49:38 GMT"
+        );
+        assert_eq!(
+            http_date(at("2026-12-31T23:59:59.5Z")),
+            "Fri, 01 Jan 2027 00:00:00 GMT"
+        );
     }
 }

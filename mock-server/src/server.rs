@@ -11,6 +11,7 @@ use std::time::Duration;
 use axum::body::{Body, Bytes};
 use axum::extract::{Request, State};
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::middleware;
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::{Extension, Json, Router};
@@ -23,7 +24,7 @@ use tokio::sync::{watch, Notify};
 use tower::ServiceExt;
 use uuid::Uuid;
 
-use crate::clock::Clock;
+use crate::clock::{http_date, Clock};
 use crate::fault::{Fault, FaultKind, Faults, Operation};
 use crate::state::{Grant, LockSnapshot, Refusal, Store};
 
@@ -154,7 +155,8 @@ impl Shared {
 #[derive(Clone)]
 struct Kill(Arc<Notify>);
 
-/// The router: lock endpoints (fallback) and the `/__mock/` controls.
+/// The router: lock endpoints (fallback) and the `/__mock/` controls;
+/// every response it makes carries a `Date` from the server clock.
 pub(crate) fn router(shared: Arc<Shared>) -> Router {
     Router::new()
         .route("/__mock/faults", post(add_fault).delete(clear_faults))
@@ -163,7 +165,21 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/__mock/locks", get(list_locks))
         .route("/__mock/reset", post(reset))
         .fallback(lock_endpoint)
+        .layer(middleware::map_response_with_state(
+            shared.clone(),
+            date_header,
+        ))
         .with_state(shared)
+}
+
+/// Sets `Date` to the server clock's time when the handler has not set it
+/// (lock answers carry the time they were applied; see `lock_endpoint`).
+async fn date_header(State(shared): State<Arc<Shared>>, mut response: Response) -> Response {
+    if !response.headers().contains_key(header::DATE) {
+        let date = http_date(shared.clock.now());
+        response.headers_mut().insert(header::DATE, date);
+    }
+    response
 }
 
 /// Accepts connections until `shutdown` flips, serving each with HTTP/1.1.
@@ -202,6 +218,10 @@ pub(crate) async fn serve(
             };
             let connection = hyper::server::conn::http1::Builder::new()
                 .timer(TokioTimer::new())
+                // The router sets Date from the movable clock; hyper's would
+                // be machine time. (Answers hyper makes itself, to requests
+                // it cannot parse, go without a Date.)
+                .auto_date_header(false)
                 .header_read_timeout(header_read_timeout)
                 .serve_connection(TokioIo::new(stream), service);
             // Dropping the connection future closes the socket at once.
@@ -553,7 +573,16 @@ async fn lock_endpoint(
         tokio::time::sleep(planned.delay_response).await;
     }
     match outcome {
-        Some(response) => response,
+        Some(mut response) => {
+            // A client derives its lease as `expires_at - Date`, so Date is
+            // `now`, the time the answer was made and the lease computed
+            // from: never earlier (which would overstate the lease). After a
+            // delay_response it is still that time: the hold plays a slow
+            // network, and a real server stamps Date when it answers, not
+            // when the answer arrives.
+            response.headers_mut().insert(header::DATE, http_date(now));
+            response
+        }
         None => close(kill).await,
     }
 }

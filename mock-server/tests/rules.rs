@@ -784,6 +784,95 @@ async fn try_advance_refuses_past_the_limit_and_advance_panics_in_the_caller() {
     assert_eq!(raw.get("job").await.body["held"], true);
 }
 
+/// The one `Date` header of a response, which must be an IMF-fixdate.
+fn date_of(headers: &reqwest::header::HeaderMap) -> chrono::DateTime<chrono::Utc> {
+    let dates: Vec<_> = headers.get_all("date").iter().collect();
+    assert_eq!(dates.len(), 1, "exactly one Date: {dates:?}");
+    let text = dates[0].to_str().unwrap();
+    assert!(text.len() == 29 && text.ends_with(" GMT"), "{text}");
+    chrono::DateTime::parse_from_rfc2822(text)
+        .unwrap()
+        .with_timezone(&chrono::Utc)
+}
+
+#[tokio::test]
+async fn every_response_is_dated_by_the_server_clock() {
+    let server = MockServer::start().await;
+    let raw = Raw::new(&server);
+    let http = reqwest::Client::new();
+    let control = |path: &str| format!("{}/__mock/{path}", server.url());
+    let day = chrono::TimeDelta::days(1);
+    server.advance(Duration::from_secs(86_400));
+    let machine_before = chrono::Utc::now();
+
+    let acquired = raw.acquire("job", A, 30).await;
+    assert_eq!(acquired.status, 201);
+    let lease = acquired.expires() - date_of(&acquired.headers);
+    assert!(
+        lease >= chrono::TimeDelta::seconds(29) && lease <= chrono::TimeDelta::seconds(30),
+        "expires_at - Date = {lease}"
+    );
+
+    let mut headers = vec![acquired.headers];
+    for answer in [
+        raw.acquire("job", B, 30).await,
+        raw.renew("job", A, 30).await,
+        raw.get("job").await,
+        raw.release("job", A).await,
+        raw.force_release("job").await,
+        raw.get("-bad-key").await,
+        raw.send(Method::GET, "/nope", None, None).await,
+        raw.send(Method::PUT, "/locks/k", None, None).await,
+    ] {
+        headers.push(answer.headers);
+    }
+    let requests = [
+        http.get(format!("{}/locks/k", server.url())),
+        http.get(control("locks")),
+        http.get(control("requests")),
+        http.post(control("faults")).body("{}"),
+        http.get(control("advance")),
+        http.post(control("advance")).body(r#"{"seconds": -1}"#),
+        http.post(control("reset")),
+    ];
+    for request in requests {
+        headers.push(request.send().await.unwrap().headers().clone());
+    }
+    let machine_after = chrono::Utc::now();
+    for headers in &headers {
+        let date = date_of(headers);
+        assert!(
+            date >= machine_before + day - chrono::TimeDelta::seconds(1)
+                && date <= machine_after + day + chrono::TimeDelta::seconds(2),
+            "Date {date} is not a day ahead of {machine_before}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_held_answer_is_dated_when_it_was_applied() {
+    let server = MockServer::start().await;
+    let raw = Raw::new(&server);
+    server.inject(
+        Fault::delay_response(Duration::from_millis(1_500))
+            .on(Operation::Acquire)
+            .times(1),
+    );
+    let acquired = raw.acquire("job", A, 30).await;
+    assert_eq!(acquired.status, 201);
+    let date = date_of(&acquired.headers);
+    let received = server.now();
+    assert!(
+        received - date >= chrono::TimeDelta::milliseconds(500),
+        "Date {date} is not the time of applying (answer received at {received})"
+    );
+    let lease = acquired.expires() - date;
+    assert!(
+        lease >= chrono::TimeDelta::seconds(29) && lease <= chrono::TimeDelta::seconds(30),
+        "expires_at - Date = {lease}"
+    );
+}
+
 #[tokio::test]
 async fn journal_records_operation_key_request_id_and_status() {
     let server = MockServer::start().await;
