@@ -28,7 +28,8 @@ use crate::clock::{http_date, Clock};
 use crate::fault::{Fault, FaultKind, Faults, Operation};
 use crate::state::{Grant, LockSnapshot, Refusal, Store};
 
-/// Largest request body read; larger ones get a 400.
+/// Largest request body read, on every route (lock calls and controls);
+/// larger ones get a 400.
 pub const MAX_BODY: usize = 64 * 1024;
 /// Most journal entries kept; older ones are dropped.
 pub const MAX_JOURNAL: usize = 100_000;
@@ -164,6 +165,10 @@ pub(crate) fn router(shared: Arc<Shared>) -> Router {
         .route("/__mock/requests", get(list_requests))
         .route("/__mock/locks", get(list_locks))
         .route("/__mock/reset", post(reset))
+        .route_layer(middleware::from_fn_with_state(
+            shared.clone(),
+            limit_control_body,
+        ))
         .fallback(lock_endpoint)
         .layer(middleware::map_response_with_state(
             shared.clone(),
@@ -650,26 +655,32 @@ async fn prepare(
     } else {
         None
     };
+    // Every operation reads its body, so none can be sent more than
+    // MAX_BODY; only acquire and renew look at it.
+    let bytes = read_body(headers, body, shared.config.header_read_timeout).await?;
     let ttl = if matches!(route.op, Operation::Acquire | Operation::Renew) {
-        let declared = headers
-            .get(header::CONTENT_LENGTH)
-            .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.parse::<u64>().ok());
-        if declared.is_some_and(|n| n > MAX_BODY as u64) {
-            return Err(bad_request("request body is too large"));
-        }
-        // A client that promises a body and never sends it would otherwise
-        // hold the connection forever.
-        let read = axum::body::to_bytes(body, MAX_BODY);
-        let bytes: Bytes = tokio::time::timeout(shared.config.header_read_timeout, read)
-            .await
-            .map_err(|_| bad_request("request body was not received in time"))?
-            .map_err(|_| bad_request("request body is too large or unreadable"))?;
         Some(ttl_body(&bytes).map_err(bad_request)?)
     } else {
         None
     };
     Ok(Prepared { token, ttl })
+}
+
+/// Reads a request body of at most [`MAX_BODY`] bytes within `timeout`.
+async fn read_body(headers: &HeaderMap, body: Body, timeout: Duration) -> Result<Bytes, Reject> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY as u64) {
+        return Err(bad_request("request body is too large"));
+    }
+    // A client that promises a body and never sends it would otherwise
+    // hold the connection forever.
+    tokio::time::timeout(timeout, axum::body::to_bytes(body, MAX_BODY))
+        .await
+        .map_err(|_| bad_request("request body was not received in time"))?
+        .map_err(|_| bad_request("request body is too large or unreadable"))
 }
 
 fn apply(shared: &Shared, route: &Route, prepared: Prepared, now: DateTime<Utc>) -> Answer {
@@ -695,6 +706,23 @@ fn apply(shared: &Shared, route: &Route, prepared: Prepared, now: DateTime<Utc>)
 }
 
 // ---------------------------------------------------------------- controls
+
+/// Reads a control request's body before its handler runs: over
+/// [`MAX_BODY`], or not sent in time, is a 400 as on the lock routes.
+async fn limit_control_body(
+    State(shared): State<Arc<Shared>>,
+    request: Request,
+    next: middleware::Next,
+) -> Response {
+    let (parts, body) = request.into_parts();
+    match read_body(&parts.headers, body, shared.config.header_read_timeout).await {
+        Ok(bytes) => {
+            next.run(Request::from_parts(parts, Body::from(bytes)))
+                .await
+        }
+        Err(reject) => reject.into_response(),
+    }
+}
 
 async fn add_fault(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
     match serde_json::from_slice::<Fault>(&body) {

@@ -236,3 +236,25 @@ async fn a_huge_header_read_timeout_does_not_break_connections() {
         .await;
     get_ok(&server).await;
 }
+
+#[tokio::test]
+async fn chunked_bodies_over_the_limit_get_400_on_routes_that_ignore_them() {
+    let server = MockServer::start().await;
+    let chunk = "x".repeat(70 * 1024);
+    for head in [
+        format!(
+            "GET /locks/k HTTP/1.1\r\nHost: x\r\nAuthorization: Bearer {}\r\n\
+             X-Volcano-Request-Id: {RID}\r\n",
+            server.service_key()
+        ),
+        "GET /__mock/locks HTTP/1.1\r\nHost: x\r\n".to_owned(),
+    ] {
+        let request = format!(
+            "{head}Transfer-Encoding: chunked\r\nConnection: close\r\n\r\n{:x}\r\n{chunk}\r\n0\r\n\r\n",
+            chunk.len()
+        );
+        let answer = raw(&server, request.as_bytes(), Duration::from_secs(5)).await;
+        assert_eq!(status_line(&answer), "HTTP/1.1 400 Bad Request", "{head}");
+    }
+    get_ok(&server).await;
+}

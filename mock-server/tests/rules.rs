@@ -278,6 +278,72 @@ async fn malformed_requests_get_400_and_change_nothing() {
 }
 
 #[tokio::test]
+async fn bodies_over_64_kib_are_refused_on_every_route() {
+    let server = MockServer::start().await;
+    let raw = Raw::new(&server);
+    assert_eq!(raw.acquire("job", A, 30).await.status, 201);
+    let big = "x".repeat(70 * 1024);
+    let small = "x".repeat(1024);
+    for (method, path, token) in [
+        (Method::DELETE, "/locks/job/lease", Some(A)),
+        (Method::GET, "/locks/job", None),
+        (Method::DELETE, "/locks/job", None),
+    ] {
+        let answer = raw.send(method.clone(), path, token, Some(&big)).await;
+        assert_error(&answer, 400, None);
+        assert_eq!(server.locks().len(), 1, "{method} {path} changed nothing");
+        // A small body is still ignored.
+        let allowed = raw.send(method.clone(), path, token, Some(&small)).await;
+        assert!(
+            allowed.status.is_success(),
+            "{method} {path}: {:?}",
+            allowed.body
+        );
+        if server.locks().is_empty() {
+            assert_eq!(raw.acquire("job", A, 30).await.status, 201);
+        }
+    }
+
+    // Each would be accepted if it were small.
+    let pad = "x".repeat(70 * 1024);
+    let http = reqwest::Client::new();
+    let control = |path: &str| format!("{}/__mock/{path}", server.url());
+    let journal = server.requests().len();
+    let clock = server.now();
+    for (method, path, body) in [
+        (
+            Method::POST,
+            "faults",
+            format!(r#"{{"kind":"status","status":503,"pad":"{pad}"}}"#),
+        ),
+        (
+            Method::POST,
+            "advance",
+            format!(r#"{{"seconds":3600,"pad":"{pad}"}}"#),
+        ),
+        (Method::POST, "reset", pad.clone()),
+        (Method::GET, "locks", pad.clone()),
+    ] {
+        let response = http
+            .request(method.clone(), control(path))
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 400, "{method} /__mock/{path}");
+        let body: Value = response.json().await.unwrap();
+        assert!(body["error"].is_string(), "{body}");
+    }
+    assert_eq!(server.requests().len(), journal, "the reset was refused");
+    assert_eq!(server.locks().len(), 1);
+    assert!(
+        server.now() - clock < chrono::TimeDelta::minutes(30),
+        "no advance"
+    );
+    assert_eq!(raw.get("job").await.status, 200, "no fault was added");
+}
+
+#[tokio::test]
 async fn unknown_paths_and_methods() {
     let server = MockServer::start().await;
     let raw = Raw::new(&server);
