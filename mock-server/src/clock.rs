@@ -115,16 +115,16 @@ impl Clock {
     }
 }
 
-/// `time` as an HTTP `Date` (RFC 7231 IMF-fixdate), rounded UP to the whole
-/// second: a client that derives its lease as `expires_at - Date` may
-/// understate it by under a second but never overstates it.
+/// `time` as an HTTP `Date` (RFC 7231 IMF-fixdate), truncated to the whole
+/// second as real servers send it: `expires_at - Date` may overstate the
+/// time left by under a second, which a careful client allows for (the
+/// SDK subtracts a second).
 pub(crate) fn http_date(time: DateTime<Utc>) -> HeaderValue {
     const DAYS: [&str; 7] = ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"];
     const MONTHS: [&str; 12] = [
         "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
     ];
-    let rounded_up = time.timestamp() + i64::from(time.timestamp_subsec_nanos() > 0);
-    let t = DateTime::from_timestamp(rounded_up, 0).unwrap_or(time);
+    let t = DateTime::from_timestamp(time.timestamp(), 0).unwrap_or(time);
     let text = format!(
         "{}, {:02} {} {:04} {:02}:{:02}:{:02} GMT",
         DAYS[t.weekday().num_days_from_monday() as usize],
@@ -218,17 +218,17 @@ mod tests {
     }
 
     #[test]
-    fn http_dates_are_imf_fixdate_rounded_up() {
+    fn http_dates_are_imf_fixdate_truncated() {
         assert_eq!(
             http_date(at("1994-11-06T08:49:37Z")),
             "Sun, 06 Nov 1994 08:49:37 GMT"
         );
         assert_eq!(
-            http_date(at("1994-11-06T08:49:37.001Z")),
-            "Sun, 06 Nov 1994 08:49:38 GMT"
+            http_date(at("1994-11-06T08:49:37.999Z")),
+            "Sun, 06 Nov 1994 08:49:37 GMT"
         );
         assert_eq!(
-            http_date(at("2026-12-31T23:59:59.5Z")),
+            http_date(at("2027-01-01T00:00:00.5Z")),
             "Fri, 01 Jan 2027 00:00:00 GMT"
         );
     }
