@@ -1,10 +1,14 @@
 //! `Client`, its builder, and configuration from the environment.
 
+use std::collections::HashMap;
 use std::fmt;
+use std::future::Future;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
+
+use tokio::sync::watch;
 
 use reqwest::header::HeaderValue;
 
@@ -46,6 +50,8 @@ struct Inner {
     lease_clock: LeaseClock,
     /// Renewal tasks alive right now (one per running scoped lock).
     renewals: Arc<AtomicUsize>,
+    /// Releases running in the background, for `shutdown`.
+    background: Arc<Background>,
     /// Required at construction, as in the other SDKs; lock calls never send it.
     #[allow(dead_code)]
     anon_key: String,
@@ -132,6 +138,49 @@ impl Client {
         self.inner.renewals.load(Ordering::SeqCst)
     }
 
+    /// Waits, up to `timeout`, for every release this client has handed to
+    /// the background: leases of dropped guards and cancelled `with_lock`
+    /// scopes, and acquires whose outcome was unknown and are being undone.
+    /// Returns the keys whose release had not finished by then (empty when
+    /// everything finished). It only waits: the client stays usable, and a
+    /// timeout of `Duration::MAX` waits as long as it takes.
+    ///
+    /// Call it before a process exits (on SIGTERM, at the end of `main`):
+    /// a release still running when the runtime stops is lost, and the next
+    /// worker then waits out the lease's ttl.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: volcano::Client) {
+    /// use std::time::Duration;
+    /// let unfinished = client.shutdown(Duration::from_secs(5)).await;
+    /// if !unfinished.is_empty() {
+    ///     eprintln!("releases still running for {unfinished:?}");
+    /// }
+    /// # }
+    /// ```
+    pub async fn shutdown(&self, timeout: Duration) -> Vec<String> {
+        self.inner.background.wait_idle(timeout).await
+    }
+
+    /// Runs `release` in the background (on the current tokio runtime), so
+    /// that [`Client::shutdown`] can wait for it. Without a runtime it is
+    /// dropped and the warning says which key stays held until its ttl.
+    pub(crate) fn spawn_release(
+        &self,
+        key: &str,
+        release: impl Future<Output = ()> + Send + 'static,
+    ) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(key, "no tokio runtime: lease left to expire");
+            return;
+        };
+        let pending = self.inner.background.register(key);
+        runtime.spawn(async move {
+            release.await;
+            drop(pending);
+        });
+    }
+
     pub(crate) fn transport(&self) -> &Transport {
         &self.inner.transport
     }
@@ -161,6 +210,53 @@ impl fmt::Debug for Client {
                 },
             )
             .finish()
+    }
+}
+
+/// The releases a client runs in the background, by key.
+#[derive(Default)]
+struct Background {
+    next: AtomicU64,
+    running: Mutex<HashMap<u64, String>>,
+    /// How many are running; `shutdown` waits for zero.
+    count: watch::Sender<usize>,
+}
+
+impl Background {
+    fn register(self: &Arc<Self>, key: &str) -> Pending {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        self.lock().insert(id, key.to_owned());
+        self.count.send_modify(|n| *n += 1);
+        Pending {
+            background: self.clone(),
+            id,
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, String>> {
+        self.running.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    async fn wait_idle(&self, timeout: Duration) -> Vec<String> {
+        let mut count = self.count.subscribe();
+        let _ = tokio::time::timeout(timeout, count.wait_for(|n| *n == 0)).await;
+        let mut keys: Vec<String> = self.lock().values().cloned().collect();
+        keys.sort();
+        keys
+    }
+}
+
+/// One background release; finished (or dropped with its runtime) when
+/// this is dropped.
+struct Pending {
+    background: Arc<Background>,
+    id: u64,
+}
+
+impl Drop for Pending {
+    fn drop(&mut self) {
+        self.background.lock().remove(&self.id);
+        self.background.count.send_modify(|n| *n -= 1);
     }
 }
 
@@ -249,6 +345,7 @@ impl ClientBuilder {
                 anon_key,
                 lease_clock: self.lease_clock.unwrap_or_default(),
                 renewals: Arc::new(AtomicUsize::new(0)),
+                background: Arc::default(),
             }),
         })
     }

@@ -99,6 +99,8 @@ pub mod __bench {
             request_id,
             ttl_secs: Some(ttl_secs),
             timeout: None,
+            send_by: None,
+            answer_by: None,
         })
     }
 }

@@ -4,9 +4,12 @@
 
 use std::time::Duration;
 
+use chrono::{DateTime, Utc};
+use reqwest::header::DATE;
 use reqwest::header::{HeaderMap, HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
 use reqwest::{Method, StatusCode};
 use serde_json::{Map, Value};
+use tokio::time::Instant;
 use tracing::Instrument;
 
 use crate::error::{
@@ -94,6 +97,20 @@ pub(crate) struct Call<'a> {
     pub(crate) ttl_secs: Option<u64>,
     /// Overrides the client's per-request timeout.
     pub(crate) timeout: Option<Duration>,
+    /// No attempt is started at or after this instant (a waiting acquire's
+    /// deadline): acquire's retry is then skipped and the first error stands.
+    pub(crate) send_by: Option<Instant>,
+    /// Every attempt's timeout is cut so that its answer is due by then.
+    pub(crate) answer_by: Option<Instant>,
+}
+
+/// A success answer: the JSON object of its body (`None` for 204) and the
+/// server's `Date` header, the server-clock reading the lease was measured
+/// against.
+#[derive(Debug, Default)]
+pub(crate) struct Reply {
+    pub(crate) body: Option<Map<String, Value>>,
+    pub(crate) date: Option<DateTime<Utc>>,
 }
 
 /// HTTP client, base URL and credential, shared by every clone of a `Client`.
@@ -143,9 +160,8 @@ impl Transport {
         self.auth.is_some()
     }
 
-    /// Sends `call` (acquire: up to twice) and returns the JSON object of the
-    /// success body, or `None` for the operations answered with 204.
-    pub(crate) async fn execute(&self, call: &Call<'_>) -> Result<Option<Map<String, Value>>> {
+    /// Sends `call` (acquire: up to twice) and returns the success answer.
+    pub(crate) async fn execute(&self, call: &Call<'_>) -> Result<Reply> {
         let auth = self
             .auth
             .as_ref()
@@ -167,8 +183,9 @@ impl Transport {
                 .attempt(call, auth, &url, body.as_deref())
                 .instrument(span.clone())
                 .await;
+            let in_time = call.send_by.is_none_or(|by| Instant::now() < by);
             match result {
-                Err(err) if attempt < attempts && retryable(&err) => {
+                Err(err) if attempt < attempts && retryable(&err) && in_time => {
                     span.in_scope(|| {
                         tracing::info!(error = %err, "retrying acquire once with the same token and request id");
                     });
@@ -223,7 +240,13 @@ impl Transport {
         if let Some(body) = body {
             request = request.body(body.to_owned());
         }
-        if let Some(timeout) = call.timeout {
+        let mut timeout = call.timeout;
+        if let Some(by) = call.answer_by {
+            let left = by.saturating_duration_since(Instant::now());
+            let cut = timeout.unwrap_or(self.timeout).min(left);
+            timeout = Some(cut.max(Duration::from_millis(1)));
+        }
+        if let Some(timeout) = timeout {
             request = request.timeout(timeout);
         }
         request
@@ -237,7 +260,7 @@ impl Transport {
         auth: &HeaderValue,
         url: &str,
         body: Option<&str>,
-    ) -> Result<Option<Map<String, Value>>> {
+    ) -> Result<Reply> {
         let request_id = call.request_id;
         let request = self.build_with(call, auth, url, body)?;
         let mut response = self
@@ -249,9 +272,14 @@ impl Transport {
         tracing::Span::current().record("status", status.as_u16());
 
         if status == call.op.success() {
+            let date = response
+                .headers()
+                .get(DATE)
+                .and_then(|v| v.to_str().ok())
+                .and_then(http_date);
             if !call.op.has_response_body() {
                 tracing::debug!("lock call succeeded");
-                return Ok(None);
+                return Ok(Reply { body: None, date });
             }
             let invalid = |reason| {
                 Error::InvalidResponse(InvalidResponse {
@@ -267,7 +295,10 @@ impl Transport {
             return match json_object(&bytes) {
                 Some(map) => {
                     tracing::debug!("lock call succeeded");
-                    Ok(Some(map))
+                    Ok(Reply {
+                        body: Some(map),
+                        date,
+                    })
                 }
                 None => Err(invalid(InvalidReason::NotAnObject)),
             };
@@ -304,6 +335,14 @@ fn retryable(err: &Error) -> bool {
         Error::InvalidResponse(e) => e.reason == InvalidReason::NotAnObject,
         _ => false,
     }
+}
+
+/// Parses an HTTP `Date` header (IMF-fixdate, `Sun, 06 Nov 1994 08:49:37
+/// GMT`); other forms are ignored.
+fn http_date(value: &str) -> Option<DateTime<Utc>> {
+    DateTime::parse_from_rfc2822(value.trim())
+        .ok()
+        .map(|t| t.with_timezone(&Utc))
 }
 
 fn header_value(value: &str, name: &str) -> Result<HeaderValue> {
@@ -430,6 +469,13 @@ mod tests {
         assert_eq!(api.status, Some(502));
         assert_eq!(api.message.chars().count(), MAX_ERROR_TEXT + 1);
         assert!(api.code.is_none());
+    }
+
+    #[test]
+    fn parses_the_date_header() {
+        let date = http_date("Sun, 06 Nov 1994 08:49:37 GMT").unwrap();
+        assert_eq!(date.to_rfc3339(), "1994-11-06T08:49:37+00:00");
+        assert_eq!(http_date("yesterday"), None);
     }
 
     #[test]

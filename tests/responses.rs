@@ -176,7 +176,10 @@ async fn scenario_20_renew_without_expiry_is_invalid_and_not_retried() {
 async fn renewal_keeps_the_servers_fencing_token() {
     let server = server().await;
     Mock::given(method("PATCH"))
-        .respond_with(lease_body(200, 8))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .set_body_json(serde_json::json!({"expires_at": EXPIRES_AT, "fencing_token": 8})),
+        )
         .mount(&server)
         .await;
     let lease = LockLease::new("k", TOKEN, chrono::Utc::now(), 7);

@@ -28,6 +28,8 @@
 //! applies and closes the connection unanswered, [`Fault::reset`] closes it
 //! before applying, [`Fault::delay`] waits before applying, and
 //! [`Fault::delay_response`] applies at once and then holds the answer.
+//! Every answer's `Date` header is read from the movable clock, as a real
+//! server's is from its own.
 //!
 //! The same controls are served over HTTP under `/__mock/` (no credential):
 //! `POST /__mock/faults` (a [`Fault`] as JSON, e.g.

@@ -44,10 +44,14 @@ impl LeaseClock {
     }
 
     /// Moves an adjustable clock forward; no effect on the default clock.
+    /// The offset saturates (at about 584 years) instead of wrapping, so the
+    /// clock never goes back.
     pub fn advance(&self, by: Duration) {
         if let Some(offset) = &self.offset_ns {
             let ns = u64::try_from(by.as_nanos()).unwrap_or(u64::MAX);
-            offset.fetch_add(ns, Ordering::Relaxed);
+            let _ = offset.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |o| {
+                Some(o.saturating_add(ns))
+            });
         }
     }
 
@@ -109,5 +113,15 @@ mod tests {
         let b = adjustable.now();
         adjustable.advance(Duration::from_secs(100));
         assert!(adjustable.now() >= b + Duration::from_secs(100));
+    }
+
+    #[test]
+    fn huge_advances_saturate_and_never_go_back() {
+        let clock = LeaseClock::adjustable();
+        clock.advance(Duration::MAX);
+        let far = clock.now();
+        clock.advance(Duration::MAX);
+        clock.advance(Duration::from_secs(1));
+        assert!(clock.now() >= far);
     }
 }

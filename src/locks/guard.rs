@@ -3,7 +3,15 @@
 //! The guard keeps its own deadline on the lease clock, measured from just
 //! before each acquire or renew was sent: the server cannot have started the
 //! lease earlier, so the local deadline never falls after the server's
-//! expiry. The server's `expires_at` is never used for timing.
+//! expiry.
+//!
+//! How long a lease lasts is the lesser of the ttl asked for and what the
+//! server says it granted. The server may grant less (the 90-day cap of the
+//! original acquisition, which a recovering `.token(T)` cannot see). That
+//! grant is measured on the server's clock alone, `expires_at` minus the
+//! answer's `Date` less a second for `Date`'s rounding, and applied from
+//! the local send time; the server's clock is never compared with this
+//! machine's, so skew between them cannot lengthen the deadline.
 
 use std::any::Any;
 use std::future::{Future, IntoFuture};
@@ -21,7 +29,8 @@ use tokio::task::JoinHandle;
 
 use super::clock::LeaseClock;
 use super::lease::LockLease;
-use super::Locks;
+use super::release::{self, is_transient};
+use super::{Locks, Measured};
 use crate::error::{Error, LockLost, LostReason, Result};
 use crate::validate;
 
@@ -38,8 +47,6 @@ const CHECK_INTERVAL: Duration = Duration::from_secs(1);
 const MIN_ATTEMPT: Duration = Duration::from_millis(100);
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
-/// Attempts of the final release (it is idempotent).
-const RELEASE_ATTEMPTS: usize = 3;
 
 /// Delay before the next renewal (protocol 5.3): about ttl/3, at most 60 s,
 /// ±10 % jitter (`u` uniform in [0, 1)), and never later than 2 s before
@@ -51,14 +58,12 @@ pub(crate) fn renewal_delay(ttl: Duration, remaining: Duration, u: f64) -> Durat
     delay.min(latest)
 }
 
-/// Transient renewal failures are retried inside the safe window; anything
-/// else (409, 400, 401, 403, …) means the lease is gone or cannot be kept.
-fn is_transient(err: &Error) -> bool {
-    match err {
-        Error::Transport(_) | Error::RateLimited(_) | Error::InvalidResponse(_) => true,
-        Error::Server(api) => matches!(api.status(), Some(500 | 502 | 503 | 504)),
-        _ => false,
-    }
+/// The lease-clock deadline of a lease obtained by a request sent at
+/// `sent_at`: the ttl asked for or the time the server granted, whichever
+/// is less, never past the 90-day `cap`.
+fn deadline(measured: &Measured, ttl: Duration, cap: Duration) -> Duration {
+    let lasts = measured.granted.map_or(ttl, |granted| granted.min(ttl));
+    measured.sent_at.saturating_add(lasts).min(cap)
 }
 
 // ------------------------------------------------------------------ state
@@ -82,15 +87,15 @@ struct State {
 }
 
 impl State {
-    fn new(lease: LockLease, ttl: Duration, clock: LeaseClock, started: Duration) -> Self {
-        let cap = started + validate::MAX_TTL;
+    fn new(acquired: Measured, ttl: Duration, clock: LeaseClock) -> Self {
+        let cap = acquired.sent_at.saturating_add(validate::MAX_TTL);
         State {
-            key: lease.key().to_owned(),
+            key: acquired.lease.key().to_owned(),
             ttl,
             cap,
             held: Mutex::new(Held {
-                lease,
-                deadline: (started + ttl).min(cap),
+                deadline: deadline(&acquired, ttl, cap),
+                lease: acquired.lease,
                 failure: None,
             }),
             clock,
@@ -154,14 +159,14 @@ impl State {
         false
     }
 
-    /// Takes a renewal that was sent when the lease clock read `sent_at`.
-    fn renewed(&self, lease: LockLease, sent_at: Duration) -> Result<(), LockLost> {
+    /// Takes a renewal.
+    fn renewed(&self, renewed: Measured) -> Result<(), LockLost> {
         let mut held = self.held();
         if let Some(failure) = &held.failure {
             return Err(failure.clone());
         }
-        held.deadline = (sent_at + self.ttl).min(self.cap);
-        held.lease = lease;
+        held.deadline = deadline(&renewed, self.ttl, self.cap);
+        held.lease = renewed.lease;
         let left = held.deadline.saturating_sub(self.clock.now());
         drop(held);
         if left <= SAFETY_MARGIN + REQUEST_BUDGET {
@@ -235,28 +240,35 @@ async fn renew_in_window(state: &State, locks: &Locks) -> Result<(), LockLost> {
         }
         let lease = state.lease();
         let request_id = validate::new_uuid();
-        let sent_at = state.clock.now();
         let result = locks
             .renew(&lease, state.ttl)
             .request_id(request_id.clone())
             .timeout(budget.min(locks.client().timeout()))
+            .send_measured()
             .await;
         match result {
             Ok(renewed) => {
                 tracing::debug!(
                     key = %state.key,
-                    fencing_token = renewed.fencing_token(),
+                    fencing_token = renewed.lease.fencing_token(),
                     request_id,
                     "lock renewed"
                 );
-                return state.renewed(renewed, sent_at);
+                return state.renewed(renewed);
             }
             Err(err) if is_transient(&err) => {
                 let wait = backoff
                     .next()
                     .unwrap_or(BACKOFF_MAX)
                     .max(err.retry_after().unwrap_or_default());
-                if state.clock.now() + wait + MIN_ATTEMPT > renew_by {
+                // `Retry-After` is the server's number: it may be huge.
+                if state
+                    .clock
+                    .now()
+                    .saturating_add(wait)
+                    .saturating_add(MIN_ATTEMPT)
+                    > renew_by
+                {
                     return Err(
                         LockLost::new(state.key.clone(), LostReason::Expired).with_cause(err)
                     );
@@ -575,13 +587,13 @@ where
         if let Some(timeout) = wait {
             acquire = acquire.wait(timeout);
         }
-        let (lease, started) = acquire.send_measured().await?;
+        let acquired = acquire.send_measured().await?;
         tracing::info!(
-            key = lease.key(),
-            fencing_token = lease.fencing_token(),
+            key = acquired.lease.key(),
+            fencing_token = acquired.lease.fencing_token(),
             "lock acquired"
         );
-        let state = Arc::new(State::new(lease, ttl, clock, started));
+        let state = Arc::new(State::new(acquired, ttl, clock));
         let mut scope = Scope {
             locks: locks.clone(),
             state: state.clone(),
@@ -671,60 +683,38 @@ impl Scope {
         }
     }
 
-    /// Releases the latest lease with a fresh request id. Release is
-    /// idempotent (same token; an absent lock answers 204), so transient
-    /// failures are tried again: at most 3 attempts, all within the
-    /// client's timeout.
+    /// Releases the latest lease (see [`release::confirmed`]), all within
+    /// the client's timeout. If that fails on transient errors, the release
+    /// goes on in the background for up to one ttl (the longest the server
+    /// may still keep the lease), so the lock ends free rather than held.
     async fn release(&mut self) -> Result<()> {
         let lease = self.state.lease();
-        let request_id = validate::new_uuid();
         let budget = self.locks.client().timeout();
-        let started = tokio::time::Instant::now();
-        let mut backoff = ExponentialBuilder::default()
-            .with_min_delay(BACKOFF_MIN)
-            .with_max_delay(BACKOFF_MAX)
-            .with_jitter()
-            .with_max_times(RELEASE_ATTEMPTS - 1)
-            .build();
-        let result = loop {
-            let left = budget.saturating_sub(started.elapsed());
-            let attempt = self
-                .locks
-                .release(&lease)
-                .request_id(request_id.clone())
-                .timeout(left.max(MIN_ATTEMPT))
-                .await;
-            match attempt {
-                Err(err) if is_transient(&err) => match backoff.next() {
-                    Some(wait) if started.elapsed() + wait + MIN_ATTEMPT < budget => {
-                        tracing::info!(
-                            key = lease.key(),
-                            request_id,
-                            error = %err,
-                            "release failed; retrying"
-                        );
-                        tokio::time::sleep(wait).await;
-                    }
-                    _ => break Err(err),
-                },
-                other => break other,
-            }
-        };
+        let result =
+            release::confirmed(&self.locks, &lease, budget, release::FOREGROUND_ATTEMPTS).await;
         self.armed = false;
         match &result {
             Ok(()) => tracing::info!(
                 key = lease.key(),
                 fencing_token = lease.fencing_token(),
-                request_id,
                 "lock released"
             ),
-            Err(err) => tracing::warn!(
-                key = lease.key(),
-                fencing_token = lease.fencing_token(),
-                request_id,
-                error = %err,
-                "lock release failed"
-            ),
+            Err(err) => {
+                tracing::warn!(
+                    key = lease.key(),
+                    fencing_token = lease.fencing_token(),
+                    error = %err,
+                    "lock release failed"
+                );
+                if is_transient(err) {
+                    release::in_background(
+                        &self.locks,
+                        lease,
+                        self.state.ttl,
+                        "final release failed; still trying",
+                    );
+                }
+            }
         }
         result
     }
@@ -740,24 +730,12 @@ impl Drop for Scope {
         }
         self.state
             .mark(LockLost::new(self.state.key.clone(), LostReason::Released));
-        let lease = self.state.lease();
-        let locks = self.locks.clone();
-        if let Ok(runtime) = tokio::runtime::Handle::try_current() {
-            runtime.spawn(async move {
-                match locks.release(&lease).await {
-                    Ok(()) => tracing::info!(
-                        key = lease.key(),
-                        fencing_token = lease.fencing_token(),
-                        "lock released after cancellation"
-                    ),
-                    Err(err) => tracing::warn!(
-                        key = lease.key(),
-                        error = %err,
-                        "release after cancellation failed"
-                    ),
-                }
-            });
-        }
+        release::in_background(
+            &self.locks,
+            self.state.lease(),
+            self.state.ttl,
+            "scoped lock cancelled",
+        );
     }
 }
 
@@ -821,9 +799,17 @@ mod tests {
         }
     }
 
+    fn measured(lease: &LockLease, sent_at: Duration, granted: Option<Duration>) -> Measured {
+        Measured {
+            lease: lease.clone(),
+            sent_at,
+            granted,
+        }
+    }
+
     fn state(clock: &LeaseClock, ttl: u64) -> State {
         let lease = LockLease::new("k", "t", chrono::Utc::now(), 1);
-        State::new(lease, S(ttl), clock.clone(), clock.now())
+        State::new(measured(&lease, clock.now(), None), S(ttl), clock.clone())
     }
 
     #[test]
@@ -859,11 +845,11 @@ mod tests {
         let clock = LeaseClock::adjustable();
         let start = clock.now();
         let lease = LockLease::new("k", "t", chrono::Utc::now(), 1);
-        let state = State::new(lease.clone(), S(30), clock.clone(), start);
+        let state = State::new(measured(&lease, start, None), S(30), clock.clone());
         clock.advance(S(10));
         let sent_at = clock.now();
         clock.advance(S(2)); // the renewal took 2 s
-        state.renewed(lease.clone(), sent_at).unwrap();
+        state.renewed(measured(&lease, sent_at, None)).unwrap();
         assert_eq!(
             state.deadline(),
             sent_at + S(30),
@@ -875,8 +861,47 @@ mod tests {
         clock.advance(cap - clock.now() - S(3));
         let sent_at = clock.now();
         clock.advance(Duration::from_millis(1_500));
-        let err = state.renewed(lease, sent_at).unwrap_err();
+        let err = state.renewed(measured(&lease, sent_at, None)).unwrap_err();
         assert_eq!(err.reason(), LostReason::NoSafeWindow);
         assert_eq!(state.deadline(), cap);
+    }
+
+    #[test]
+    fn a_shorter_grant_shortens_the_deadline_and_a_longer_one_does_not_extend_it() {
+        let clock = LeaseClock::adjustable();
+        let start = clock.now();
+        let lease = LockLease::new("k", "t", chrono::Utc::now(), 1);
+        // The server granted 9 s of the 30 asked for (say, the 90-day cap
+        // of the original acquisition).
+        let state = State::new(measured(&lease, start, Some(S(9))), S(30), clock.clone());
+        assert_eq!(state.deadline(), start + S(9));
+        clock.advance(S(9));
+        assert!(
+            state.check(),
+            "lost when the server lets go, not at the ttl"
+        );
+
+        let state = State::new(
+            measured(&lease, start, Some(S(3_600))),
+            S(30),
+            clock.clone(),
+        );
+        assert_eq!(state.deadline(), start + S(30), "never longer than asked");
+        let state = State::new(measured(&lease, start, Some(Duration::ZERO)), S(30), clock);
+        assert!(state.check(), "an already expired grant is lost at once");
+    }
+
+    #[test]
+    fn the_grant_is_read_on_the_server_clock_and_rounded_against_us() {
+        use chrono::{TimeZone, Utc};
+        let date = Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).unwrap();
+        let expires = date + chrono::TimeDelta::milliseconds(30_700);
+        assert_eq!(
+            super::super::granted(expires, date),
+            Duration::from_millis(29_700)
+        );
+        assert_eq!(super::super::granted(date, date), Duration::ZERO);
+        let long_ago = date - chrono::TimeDelta::days(1);
+        assert_eq!(super::super::granted(long_ago, date), Duration::ZERO);
     }
 }

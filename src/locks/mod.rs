@@ -6,6 +6,7 @@
 mod clock;
 mod guard;
 pub(crate) mod lease;
+mod release;
 mod wait;
 
 pub use clock::LeaseClock;
@@ -17,7 +18,7 @@ use std::time::Duration;
 
 use crate::client::Client;
 use crate::error::{Error, InvalidReason, InvalidResponse, Result};
-use crate::transport::{Call, Op};
+use crate::transport::{Call, Op, Reply};
 use crate::validate;
 use lease::{LockLease, LockState};
 
@@ -179,8 +180,7 @@ impl Common {
         }
     }
 
-    /// Sends one call; `limit` (one try of a waiting acquire) overrides the
-    /// builder's timeout.
+    /// Sends one call; `window` bounds the tries of a waiting acquire.
     async fn send(
         &self,
         op: Op,
@@ -188,15 +188,17 @@ impl Common {
         token: Option<&str>,
         request_id: &str,
         ttl_secs: Option<u64>,
-        limit: Option<Duration>,
-    ) -> Result<Option<serde_json::Map<String, serde_json::Value>>> {
+        window: wait::Window,
+    ) -> Result<Reply> {
         let call = Call {
             op,
             key,
             token,
             request_id,
             ttl_secs,
-            timeout: limit.or(self.timeout),
+            timeout: self.timeout,
+            send_by: window.send_by,
+            answer_by: window.answer_by,
         };
         self.locks.client.transport().execute(&call).await
     }
@@ -245,6 +247,135 @@ fn expect_body(
     body: Option<serde_json::Map<String, serde_json::Value>>,
 ) -> serde_json::Map<String, serde_json::Value> {
     body.unwrap_or_default()
+}
+
+/// A lease as a guard needs it: when it was asked for, and what the server
+/// granted by its own clock.
+#[derive(Debug)]
+pub(crate) struct Measured {
+    pub(crate) lease: LockLease,
+    /// Lease-clock reading taken just before the request that produced the
+    /// lease was sent: the earliest the lease can have started.
+    pub(crate) sent_at: Duration,
+    /// Lower bound of the time the server granted, from server-clock
+    /// readings only (see [`granted`]); `None` without a `Date` header.
+    pub(crate) granted: Option<Duration>,
+}
+
+impl Measured {
+    fn new(
+        lease: LockLease,
+        sent_at: Duration,
+        date: Option<chrono::DateTime<chrono::Utc>>,
+    ) -> Self {
+        let granted = date.map(|date| granted(lease.expires_at(), date));
+        Measured {
+            lease,
+            sent_at,
+            granted,
+        }
+    }
+}
+
+/// The time a lease answer grants at the latest moment the server can have
+/// sent it: `expires_at` minus the answer's `Date`, less one second because
+/// `Date` has whole seconds (the server's clock may have read up to a second
+/// more). Both readings come from the server's clock, so no clock skew
+/// between it and this machine enters; zero when the lease had already
+/// expired.
+pub(crate) fn granted(
+    expires_at: chrono::DateTime<chrono::Utc>,
+    date: chrono::DateTime<chrono::Utc>,
+) -> Duration {
+    let whole_second = chrono::TimeDelta::seconds(1);
+    expires_at
+        .signed_duration_since(date)
+        .checked_sub(&whole_second)
+        .and_then(|left| left.to_std().ok())
+        .unwrap_or_default()
+}
+
+/// Failures after which the request may have been applied although the
+/// caller cannot tell: no answer, a server or proxy error, or a success
+/// status whose body could not be used.
+fn may_have_applied(err: &Error) -> bool {
+    matches!(
+        err,
+        Error::Transport(_)
+            | Error::Server(_)
+            | Error::UnexpectedStatus(_)
+            | Error::InvalidResponse(_)
+    )
+}
+
+/// Undoes an acquire whose outcome the caller will never see. Armed only
+/// for a token the SDK generated: a caller who chose the token recovers by
+/// acquiring again with it, and a release sent behind its back could free
+/// the lease that recovery just obtained.
+///
+/// If the acquire future is dropped while a try is in flight, or the call
+/// fails after a try whose outcome is unknown, `Drop` hands a release with
+/// the token to the client's background releases ([`Client::shutdown`]
+/// waits for them). Release is idempotent: freeing a lease that was never
+/// granted costs one request.
+struct Undo {
+    locks: Locks,
+    key: String,
+    /// The ttl asked for: the longest a granted lease can live.
+    ttl: Duration,
+    /// The generated token; `None` once there is nothing to undo.
+    token: Option<String>,
+    in_flight: bool,
+    uncertain: bool,
+}
+
+impl Undo {
+    fn new(locks: &Locks, key: &str, ttl: Duration, generated: Option<&str>) -> Self {
+        Undo {
+            locks: locks.clone(),
+            key: key.to_owned(),
+            ttl,
+            token: generated.map(str::to_owned),
+            in_flight: false,
+            uncertain: false,
+        }
+    }
+
+    fn sending(&mut self) {
+        self.in_flight = true;
+    }
+
+    fn answered<T>(&mut self, result: &Result<T>) {
+        self.in_flight = false;
+        match result {
+            Ok(_) => self.token = None,
+            Err(err) if may_have_applied(err) => self.uncertain = true,
+            Err(_) => {}
+        }
+    }
+}
+
+impl Drop for Undo {
+    fn drop(&mut self) {
+        let Some(token) = self.token.take() else {
+            return;
+        };
+        if !(self.in_flight || self.uncertain) {
+            return;
+        }
+        let lease = LockLease::new(
+            self.key.clone(),
+            token,
+            chrono::DateTime::<chrono::Utc>::UNIX_EPOCH,
+            0,
+        );
+        release::in_background(
+            &self.locks,
+            lease,
+            self.ttl,
+            "undo an acquire whose outcome is unknown",
+        );
+    }
 }
 
 /// `locks.acquire(key, ttl)`; see [`Locks::acquire`].
@@ -308,35 +439,54 @@ impl Acquire {
     }
 
     async fn send(self) -> Result<LockLease> {
-        self.send_measured().await.map(|(lease, _)| lease)
+        self.send_measured().await.map(|measured| measured.lease)
     }
 
-    /// Acquires and also returns the lease-clock reading taken just before
-    /// the try that succeeded: the earliest the lease can have started.
-    pub(crate) async fn send_measured(mut self) -> Result<(LockLease, Duration)> {
+    /// Acquires and also returns what a guard needs to time the lease.
+    pub(crate) async fn send_measured(mut self) -> Result<Measured> {
         let ttl = validate::ttl(self.ttl)?;
         validate::key(&self.key)?;
         self.common.check_timeout()?;
-        let token = match self.token.take() {
-            Some(token) => validate::uuid("token", &token).map(|()| token)?,
-            None => validate::new_uuid(),
+        let (token, generated) = match self.token.take() {
+            Some(token) => (validate::uuid("token", &token).map(|()| token)?, false),
+            None => (validate::new_uuid(), true),
         };
         let request_id = self.common.request_id()?;
-        let Some(timeout) = self.wait else {
-            return self.try_once(ttl, token, &request_id, None).await;
-        };
-        let mut waiter = wait::Waiter::new(timeout);
-        let client_timeout = self
-            .common
-            .timeout
-            .unwrap_or(self.common.locks.client.timeout());
+        let mut undo = Undo::new(
+            &self.common.locks,
+            &self.key,
+            self.ttl,
+            generated.then_some(token.as_str()),
+        );
+        match self.wait {
+            None => {
+                let window = wait::Window::default();
+                self.try_once(ttl, &token, &request_id, window, &mut undo)
+                    .await
+            }
+            Some(timeout) => {
+                let waiter = wait::Waiter::new(timeout, !generated);
+                self.wait_for(waiter, ttl, &token, &request_id, &mut undo)
+                    .await
+            }
+        }
+    }
+
+    /// Tries until acquired, a definitive error, or the waiter's deadline. No
+    /// try starts after the deadline; one in flight then gets a bounded
+    /// grace to answer (see [`wait::Window`]).
+    async fn wait_for(
+        &self,
+        mut waiter: wait::Waiter,
+        ttl: u64,
+        token: &str,
+        request_id: &str,
+        undo: &mut Undo,
+    ) -> Result<Measured> {
         loop {
-            let limit = client_timeout.min(waiter.remaining().max(Duration::from_millis(1)));
-            let err = match self
-                .try_once(ttl, token.clone(), &request_id, Some(limit))
-                .await
-            {
-                Ok(lease) => return Ok(lease),
+            let window = waiter.window();
+            let err = match self.try_once(ttl, token, request_id, window, undo).await {
+                Ok(measured) => return Ok(measured),
                 Err(err) => err,
             };
             let (pause, learn_holder) = match waiter.after(err) {
@@ -346,8 +496,11 @@ impl Acquire {
                     learn_holder,
                 } => (pause, learn_holder),
             };
-            if learn_holder {
-                if let Ok(state) = self.common.locks.get(self.key.clone()).timeout(limit).await {
+            let left = waiter.remaining();
+            if learn_holder && !left.is_zero() {
+                let limit = left.min(self.common.locks.client.timeout());
+                let get = self.common.locks.get(self.key.clone()).timeout(limit);
+                if let Ok(state) = get.await {
                     waiter.holder(state.held(), state.expires_at());
                 }
             }
@@ -358,42 +511,50 @@ impl Acquire {
                 "lock held; waiting"
             );
             tokio::time::sleep(pause.min(waiter.remaining())).await;
-            if let Some(conflict) = waiter.timed_out() {
-                return Err(conflict);
+            if let Some(err) = waiter.timed_out() {
+                return Err(err);
             }
         }
     }
 
-    /// One acquire (with its own single retry on transport failure or 503),
-    /// with the lease-clock reading taken before it was sent.
+    /// One acquire (with the transport's single retry on transport failure
+    /// or 503), with the lease-clock reading taken before it was sent.
     async fn try_once(
         &self,
         ttl: u64,
-        token: String,
+        token: &str,
         request_id: &str,
-        timeout: Option<Duration>,
-    ) -> Result<(LockLease, Duration)> {
+        window: wait::Window,
+        undo: &mut Undo,
+    ) -> Result<Measured> {
         let sent_at = self.common.locks.client.lease_clock().now();
-        let body = self
+        undo.sending();
+        let result = self
             .common
             .send(
                 Op::Acquire,
                 &self.key,
-                Some(&token),
+                Some(token),
                 request_id,
                 Some(ttl),
-                timeout,
+                window,
             )
-            .await?;
-        let lease = LockLease::decode(self.key.clone(), token, &expect_body(body))
-            .map_err(|r| invalid_response(r, 201, request_id.to_owned()))?;
+            .await
+            .and_then(|reply| {
+                let lease =
+                    LockLease::decode(self.key.clone(), token.to_owned(), &expect_body(reply.body))
+                        .map_err(|r| invalid_response(r, 201, request_id.to_owned()))?;
+                Ok(Measured::new(lease, sent_at, reply.date))
+            });
+        undo.answered(&result);
+        let measured = result?;
         tracing::debug!(
-            key = lease.key(),
-            fencing_token = lease.fencing_token(),
+            key = measured.lease.key(),
+            fencing_token = measured.lease.fencing_token(),
             request_id,
             "lock acquired"
         );
-        Ok((lease, sent_at))
+        Ok(measured)
     }
 }
 
@@ -409,14 +570,20 @@ pub struct Renew {
 common_methods!(Renew => LockLease);
 
 impl Renew {
-    async fn send(mut self) -> Result<LockLease> {
+    async fn send(self) -> Result<LockLease> {
+        self.send_measured().await.map(|measured| measured.lease)
+    }
+
+    /// Renews and also returns what a guard needs to time the lease.
+    pub(crate) async fn send_measured(mut self) -> Result<Measured> {
         let ttl = validate::ttl(self.ttl)?;
         validate::key(self.lease.key())?;
         validate::uuid("token", self.lease.token())?;
         self.common.check_timeout()?;
         let request_id = self.common.request_id()?;
         let lease = self.lease;
-        let body = self
+        let sent_at = self.common.locks.client.lease_clock().now();
+        let reply = self
             .common
             .send(
                 Op::Renew,
@@ -424,15 +591,16 @@ impl Renew {
                 Some(lease.token()),
                 &request_id,
                 Some(ttl),
-                None,
+                wait::Window::default(),
             )
             .await?;
-        LockLease::decode(
+        let renewed = LockLease::decode(
             lease.key().to_owned(),
             lease.token().to_owned(),
-            &expect_body(body),
+            &expect_body(reply.body),
         )
-        .map_err(|r| invalid_response(r, 200, request_id))
+        .map_err(|r| invalid_response(r, 200, request_id))?;
+        Ok(Measured::new(renewed, sent_at, reply.date))
     }
 }
 
@@ -451,11 +619,19 @@ impl Get {
         validate::key(&self.key)?;
         self.common.check_timeout()?;
         let request_id = self.common.request_id()?;
-        let body = self
+        let reply = self
             .common
-            .send(Op::Get, &self.key, None, &request_id, None, None)
+            .send(
+                Op::Get,
+                &self.key,
+                None,
+                &request_id,
+                None,
+                Default::default(),
+            )
             .await?;
-        LockState::decode(&expect_body(body)).map_err(|r| invalid_response(r, 200, request_id))
+        LockState::decode(&expect_body(reply.body))
+            .map_err(|r| invalid_response(r, 200, request_id))
     }
 }
 
@@ -482,7 +658,7 @@ impl Release {
                 Some(self.lease.token()),
                 &request_id,
                 None,
-                None,
+                Default::default(),
             )
             .await?;
         tracing::debug!(
@@ -511,7 +687,14 @@ impl ForceRelease {
         self.common.check_timeout()?;
         let request_id = self.common.request_id()?;
         self.common
-            .send(Op::ForceRelease, &self.key, None, &request_id, None, None)
+            .send(
+                Op::ForceRelease,
+                &self.key,
+                None,
+                &request_id,
+                None,
+                Default::default(),
+            )
             .await?;
         tracing::info!(key = %self.key, request_id, "lock force-released");
         Ok(())

@@ -6,6 +6,16 @@
 //! grows from 100 ms to 1 s, whichever is sooner, and never past the
 //! caller's timeout. A long waiter therefore sends at most about 60
 //! acquires a minute plus one `get` per holder expiry it outlives.
+//!
+//! Uncertain outcomes end in a known state. No try (nor acquire's single
+//! retry, nor a `get`) starts after the deadline. A try still in flight at
+//! the deadline gets [`ANSWER_GRACE`] more to answer: a late `201` is
+//! returned as the lease. If no answer comes, the acquire may have been
+//! applied; with a generated token the SDK undoes it with a release (the
+//! caller could never name that token), and with the caller's own token the
+//! wait returns that try's `Error::Transport`, never an older `409`, so
+//! the caller knows to recover by acquiring again with the token. A timeout
+//! too large to represent (`Duration::MAX`) waits forever.
 
 use std::time::Duration;
 
@@ -21,6 +31,16 @@ pub(crate) const POLL_MIN: Duration = Duration::from_millis(100);
 pub(crate) const POLL_MAX: Duration = Duration::from_secs(1);
 /// The service's takeover grace after `expires_at`.
 const TAKEOVER_GRACE: Duration = Duration::from_secs(1);
+/// How long past the deadline a try already in flight may take to answer.
+pub(crate) const ANSWER_GRACE: Duration = Duration::from_secs(2);
+
+/// When a try may start and by when its answer is due; unbounded by
+/// default (a plain acquire).
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Window {
+    pub(crate) send_by: Option<Instant>,
+    pub(crate) answer_by: Option<Instant>,
+}
 
 /// What the waiter does after a failed try.
 pub(crate) enum Step {
@@ -32,7 +52,10 @@ pub(crate) enum Step {
 
 /// The state of one waiting acquire.
 pub(crate) struct Waiter {
-    deadline: Instant,
+    /// `None`: the timeout is too large to represent; wait forever.
+    deadline: Option<Instant>,
+    /// The caller chose the token, so an uncertain try is theirs to resolve.
+    caller_token: bool,
     poll: Duration,
     /// When the known holder's lease can be taken over (local time).
     holder_free_at: Option<Instant>,
@@ -40,22 +63,38 @@ pub(crate) struct Waiter {
     last_conflict: Option<Error>,
     /// The newest other error worth waiting through (429, 503, transport).
     last_other: Option<Error>,
+    /// The newest try whose outcome is unknown, while no later `409`
+    /// showed it did not take (only with the caller's token).
+    last_uncertain: Option<Error>,
 }
 
 impl Waiter {
-    pub(crate) fn new(timeout: Duration) -> Self {
+    pub(crate) fn new(timeout: Duration, caller_token: bool) -> Self {
         Waiter {
-            deadline: Instant::now() + timeout,
+            deadline: Instant::now().checked_add(timeout),
+            caller_token,
             poll: POLL_MIN,
             holder_free_at: None,
             last_conflict: None,
             last_other: None,
+            last_uncertain: None,
         }
     }
 
-    /// Time left before the caller's timeout.
+    /// Time left before the caller's timeout (`Duration::MAX`: no deadline).
     pub(crate) fn remaining(&self) -> Duration {
-        self.deadline.saturating_duration_since(Instant::now())
+        self.deadline.map_or(Duration::MAX, |d| {
+            d.saturating_duration_since(Instant::now())
+        })
+    }
+
+    /// The bounds of the next try: started before the deadline, answered
+    /// within the grace after it.
+    pub(crate) fn window(&self) -> Window {
+        Window {
+            send_by: self.deadline,
+            answer_by: self.deadline.and_then(|d| d.checked_add(ANSWER_GRACE)),
+        }
     }
 
     /// Decides what follows a failed try.
@@ -64,6 +103,9 @@ impl Waiter {
         let poll = self.next_poll();
         let (pause, learn_holder) = match &err {
             Error::Conflict(_) => {
+                // The lock is someone else's (or our lapsed lease's): no
+                // earlier try of ours holds it.
+                self.last_uncertain = None;
                 let until_free = self.holder_free_at.filter(|t| *t > now).map(|t| t - now);
                 self.last_conflict = Some(err);
                 (
@@ -78,7 +120,11 @@ impl Waiter {
             }
             // The same token makes another try safe.
             _ if err.is_transport() || err.status() == Some(503) => {
-                self.last_other = Some(err);
+                if self.caller_token {
+                    self.last_uncertain = Some(err);
+                } else {
+                    self.last_other = Some(err);
+                }
                 (poll, false)
             }
             _ => return Step::Stop(err),
@@ -95,10 +141,13 @@ impl Waiter {
     /// Once the timeout has passed: the error to return (the last conflict
     /// if there was one, so `is_lock_held()` stays true).
     pub(crate) fn timed_out(&mut self) -> Option<Error> {
-        if Instant::now() < self.deadline {
+        if self.deadline.is_none_or(|d| Instant::now() < d) {
             return None;
         }
-        self.last_conflict.take().or_else(|| self.last_other.take())
+        self.last_uncertain
+            .take()
+            .or_else(|| self.last_conflict.take())
+            .or_else(|| self.last_other.take())
     }
 
     /// Records what `get` said about the holder: when its lease can be
@@ -109,7 +158,8 @@ impl Waiter {
             (false, _) => Some(now),
             (true, Some(expires_at)) => {
                 let left = (expires_at - Utc::now()).to_std().unwrap_or_default();
-                Some(now + left + TAKEOVER_GRACE)
+                // A holder far in the future is as good as unknown: poll.
+                now.checked_add(left.saturating_add(TAKEOVER_GRACE))
             }
             (true, None) => None,
         };

@@ -58,10 +58,12 @@ pub async fn server() -> MockServer {
     server
 }
 
-/// A 201/200 lease body.
+/// A 201/200 lease body whose lease lasts a day past wiremock's `Date`, so
+/// a guard's deadline is the ttl it asked for.
 pub fn lease_body(status: u16, fencing_token: i64) -> ResponseTemplate {
+    let expires_at = chrono::Utc::now() + chrono::TimeDelta::days(1);
     ResponseTemplate::new(status).set_body_json(serde_json::json!({
-        "expires_at": EXPIRES_AT,
+        "expires_at": expires_at.to_rfc3339(),
         "fencing_token": fencing_token,
     }))
 }
