@@ -9,6 +9,10 @@
 //!
 //! With `VOLCANO_API_URL`, `VOLCANO_SERVICE_KEY` and `VOLCANO_ANON_KEY` set it
 //! uses that server (lock key `volcano-example-worker`).
+//!
+//! Ctrl-C or SIGTERM stops the workers mid-job; before exiting, `main` waits
+//! (at most 5 s) for the releases of the cancelled jobs with
+//! `client.shutdown`, so the next worker does not wait out the ttl.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -101,6 +105,27 @@ async fn worker(
     }
 }
 
+/// Ctrl-C, or SIGTERM from a process supervisor.
+async fn stop_signal() {
+    #[cfg(unix)]
+    {
+        use tokio::signal::unix::{signal, SignalKind};
+        match signal(SignalKind::terminate()) {
+            Ok(mut term) => tokio::select! {
+                _ = tokio::signal::ctrl_c() => {}
+                _ = term.recv() => {}
+            },
+            Err(_) => {
+                let _ = tokio::signal::ctrl_c().await;
+            }
+        }
+    }
+    #[cfg(not(unix))]
+    {
+        let _ = tokio::signal::ctrl_c().await;
+    }
+}
+
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     tracing_subscriber::fmt()
@@ -127,22 +152,25 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     };
 
     let store = Arc::new(FencedStore::default());
-    let a = tokio::spawn(worker(
-        "worker-a",
-        client.clone(),
-        key,
-        ticks,
-        store.clone(),
-    ));
-    let b = tokio::spawn(worker(
-        "worker-b",
-        client.clone(),
-        key,
-        ticks,
-        store.clone(),
-    ));
-    a.await?;
-    b.await?;
+    let mut workers = tokio::task::JoinSet::new();
+    for name in ["worker-a", "worker-b"] {
+        workers.spawn(worker(name, client.clone(), key, ticks, store.clone()));
+    }
+    let stopped = tokio::select! {
+        _ = async { while workers.join_next().await.is_some() {} } => false,
+        _ = stop_signal() => true,
+    };
+    if stopped {
+        println!("\nstopping: cancelling the running jobs");
+        workers.abort_all();
+        while workers.join_next().await.is_some() {}
+    }
+    // Cancelled jobs hand their release to the client; wait for them
+    // before the runtime (and every task on it) goes away.
+    let unfinished = client.shutdown(Duration::from_secs(5)).await;
+    if !unfinished.is_empty() {
+        eprintln!("releases still running for {unfinished:?}; those locks expire at their ttl");
+    }
 
     let inner = store.inner.lock().unwrap();
     println!(
