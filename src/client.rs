@@ -2,7 +2,6 @@
 
 use std::collections::HashMap;
 use std::fmt;
-use std::future::Future;
 use std::net::IpAddr;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
@@ -13,7 +12,7 @@ use tokio::sync::watch;
 use reqwest::header::HeaderValue;
 
 use crate::error::{Error, Result};
-use crate::locks::{LeaseClock, Locks};
+use crate::locks::{BoxFuture, LeaseClock, Locks};
 use crate::transport::Transport;
 
 /// The production API URL.
@@ -162,23 +161,35 @@ impl Client {
         self.inner.background.wait_idle(timeout).await
     }
 
-    /// Runs `release` in the background (on the current tokio runtime), so
-    /// that [`Client::shutdown`] can wait for it. Without a runtime it is
-    /// dropped and the warning says which key stays held until its ttl.
-    pub(crate) fn spawn_release(
-        &self,
-        key: &str,
-        release: impl Future<Output = ()> + Send + 'static,
-    ) {
+    /// Runs the release of `key`/`token` in the background (on the current
+    /// tokio runtime), so that [`Client::shutdown`] can wait for it. The
+    /// release gets a receiver that turns `true` when an acquire with the
+    /// same token supersedes it. Without a runtime nothing runs, and the
+    /// warning says which key stays held until its ttl.
+    pub(crate) fn spawn_release<F>(&self, key: &str, token: &str, release: F)
+    where
+        F: FnOnce(watch::Receiver<bool>) -> BoxFuture<()>,
+    {
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::warn!(key, "no tokio runtime: lease left to expire");
             return;
         };
-        let pending = self.inner.background.register(key);
+        let (pending, superseded) = self.inner.background.register(key, token);
+        let release = release(superseded);
         runtime.spawn(async move {
             release.await;
             drop(pending);
         });
+    }
+
+    /// Before an acquire with a token the caller names: stops background
+    /// releases of the same key and token from sending more attempts, and
+    /// waits for an attempt in flight to finish, so that no stale release
+    /// can free the lease this acquire recovers.
+    pub(crate) async fn supersede_releases(&self, key: &str, token: &str) {
+        for mut finished in self.inner.background.supersede(key, token) {
+            let _ = finished.wait_for(|done| *done).await;
+        }
     }
 
     pub(crate) fn transport(&self) -> &Transport {
@@ -213,34 +224,67 @@ impl fmt::Debug for Client {
     }
 }
 
-/// The releases a client runs in the background, by key.
+/// The releases a client runs in the background.
 #[derive(Default)]
 struct Background {
     next: AtomicU64,
-    running: Mutex<HashMap<u64, String>>,
+    running: Mutex<HashMap<u64, Running>>,
     /// How many are running; `shutdown` waits for zero.
     count: watch::Sender<usize>,
 }
 
+/// One background release, as the registry sees it.
+struct Running {
+    key: String,
+    /// Held only to match a later acquire with the same token; never logged.
+    token: String,
+    superseded: watch::Sender<bool>,
+    finished: watch::Receiver<bool>,
+}
+
 impl Background {
-    fn register(self: &Arc<Self>, key: &str) -> Pending {
+    fn register(self: &Arc<Self>, key: &str, token: &str) -> (Pending, watch::Receiver<bool>) {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
-        self.lock().insert(id, key.to_owned());
+        let (superseded, superseded_rx) = watch::channel(false);
+        let (finished, finished_rx) = watch::channel(false);
+        self.lock().insert(
+            id,
+            Running {
+                key: key.to_owned(),
+                token: token.to_owned(),
+                superseded,
+                finished: finished_rx,
+            },
+        );
         self.count.send_modify(|n| *n += 1);
-        Pending {
+        let pending = Pending {
             background: self.clone(),
             id,
-        }
+            finished,
+        };
+        (pending, superseded_rx)
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, String>> {
+    fn supersede(&self, key: &str, token: &str) -> Vec<watch::Receiver<bool>> {
+        let running = self.lock();
+        running
+            .values()
+            .filter(|r| r.key == key && r.token.eq_ignore_ascii_case(token))
+            .map(|r| {
+                r.superseded.send_replace(true);
+                r.finished.clone()
+            })
+            .collect()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Running>> {
         self.running.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     async fn wait_idle(&self, timeout: Duration) -> Vec<String> {
         let mut count = self.count.subscribe();
         let _ = tokio::time::timeout(timeout, count.wait_for(|n| *n == 0)).await;
-        let mut keys: Vec<String> = self.lock().values().cloned().collect();
+        let mut keys: Vec<String> = self.lock().values().map(|r| r.key.clone()).collect();
         keys.sort();
         keys
     }
@@ -251,11 +295,13 @@ impl Background {
 struct Pending {
     background: Arc<Background>,
     id: u64,
+    finished: watch::Sender<bool>,
 }
 
 impl Drop for Pending {
     fn drop(&mut self) {
         self.background.lock().remove(&self.id);
+        self.finished.send_replace(true);
         self.background.count.send_modify(|n| *n -= 1);
     }
 }

@@ -132,6 +132,18 @@ impl Error {
         matches!(self, Error::Transport(_))
     }
 
+    /// True when the request may have been applied although no usable
+    /// answer says so: no answer (a refused connection excepted), a 5xx
+    /// from the service or a proxy, an unexpected status, or a success
+    /// status whose body could not be used.
+    pub(crate) fn may_have_applied(&self) -> bool {
+        match self {
+            Error::Transport(e) => e.kind != TransportKind::Connect,
+            Error::Server(_) | Error::UnexpectedStatus(_) | Error::InvalidResponse(_) => true,
+            _ => false,
+        }
+    }
+
     /// The API error details, for the variants that carry them.
     pub fn api_error(&self) -> Option<&ApiError> {
         match self {

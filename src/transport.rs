@@ -170,6 +170,7 @@ impl Transport {
         let body = call.ttl_secs.map(|n| format!("{{\"ttl_seconds\":{n}}}"));
         let attempts = call.op.attempts();
         let mut attempt = 1;
+        let mut first_error: Option<Error> = None;
         loop {
             let span = tracing::debug_span!(
                 "volcano.lock",
@@ -189,7 +190,15 @@ impl Transport {
                     span.in_scope(|| {
                         tracing::info!(error = %err, "retrying acquire once with the same token and request id");
                     });
+                    first_error = Some(err).filter(Error::may_have_applied);
                     attempt += 1;
+                }
+                // The retry's answer settles ownership only as a success or
+                // a 409 (or by being just as uncertain); anything else (a
+                // 429, a 401) says nothing about the first attempt, whose
+                // unknown outcome then stands.
+                Err(err) if first_error.is_some() && !settles(&err) => {
+                    return Err(first_error.take().unwrap_or(err));
                 }
                 other => return other,
             }
@@ -343,6 +352,11 @@ fn http_date(value: &str) -> Option<DateTime<Utc>> {
     DateTime::parse_from_rfc2822(value.trim())
         .ok()
         .map(|t| t.with_timezone(&Utc))
+}
+
+/// Whether a retry's error tells the caller where ownership stands.
+fn settles(err: &Error) -> bool {
+    matches!(err, Error::Conflict(_)) || err.may_have_applied()
 }
 
 fn header_value(value: &str, name: &str) -> Result<HeaderValue> {

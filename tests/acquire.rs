@@ -89,6 +89,24 @@ async fn scenario_2_and_3_503_then_success_retries_with_identical_request() {
     retry_then_succeed(unavailable, true).await;
 }
 
+/// Waits for the client's background releases, then checks that exactly
+/// one release (with the acquire's token) was sent if `undone`, else none.
+async fn assert_undone_if(client: &volcano::Client, server: &wiremock::MockServer, undone: bool) {
+    assert!(client.shutdown(Duration::from_secs(10)).await.is_empty());
+    let requests = received(server).await;
+    let releases: Vec<_> = requests
+        .iter()
+        .filter(|r| r.method.as_str() == "DELETE")
+        .collect();
+    assert_eq!(releases.len(), usize::from(undone), "{requests:?}");
+    if let Some(release) = releases.first() {
+        assert_eq!(
+            header(release, "x-volcano-lock-token"),
+            header(&requests[0], "x-volcano-lock-token")
+        );
+    }
+}
+
 #[tokio::test]
 async fn scenario_4_other_statuses_are_not_retried() {
     for status in [400u16, 401, 403, 404, 409, 429, 500, 502, 504] {
@@ -98,12 +116,16 @@ async fn scenario_4_other_statuses_are_not_retried() {
             .expect(1)
             .mount(&server)
             .await;
-        let err = client(&server.uri())
+        let client = client(&server.uri());
+        let err = client
             .locks()
             .acquire("daily-report", TTL)
             .await
             .unwrap_err();
         assert_eq!(err.status(), Some(status), "{err}");
+        // A 5xx may have been applied: the lease under the generated token
+        // is undone with one release.
+        assert_undone_if(&client, &server, status >= 500).await;
         server.verify().await;
     }
 }
@@ -120,7 +142,8 @@ async fn scenario_5_503_twice_gives_up_after_two_attempts() {
         .expect(2)
         .mount(&server)
         .await;
-    let err = client(&server.uri())
+    let client = client(&server.uri());
+    let err = client
         .locks()
         .acquire("daily-report", TTL)
         .await
@@ -128,6 +151,7 @@ async fn scenario_5_503_twice_gives_up_after_two_attempts() {
     assert!(matches!(err, Error::Server(_)), "{err:?}");
     assert_eq!(err.status(), Some(503));
     assert_eq!(err.code(), Some("lock_service_unavailable"));
+    assert_undone_if(&client, &server, true).await;
 }
 
 #[tokio::test]
@@ -229,16 +253,14 @@ async fn scenario_18_null_body_is_retried_then_reported() {
         .expect(2)
         .mount(&server)
         .await;
-    let err = client(&server.uri())
-        .locks()
-        .acquire("k", TTL)
-        .await
-        .unwrap_err();
+    let client = client(&server.uri());
+    let err = client.locks().acquire("k", TTL).await.unwrap_err();
     assert!(
         matches!(&err, Error::InvalidResponse(e) if e.reason() == InvalidReason::NotAnObject),
         "{err:?}"
     );
     assert_eq!(err.status(), Some(201));
+    assert_undone_if(&client, &server, true).await;
 }
 
 #[tokio::test]
@@ -259,15 +281,13 @@ async fn scenario_19_missing_fields_are_not_retried() {
             .expect(1)
             .mount(&server)
             .await;
-        let err = client(&server.uri())
-            .locks()
-            .acquire("k", TTL)
-            .await
-            .unwrap_err();
+        let client = client(&server.uri());
+        let err = client.locks().acquire("k", TTL).await.unwrap_err();
         assert!(
             matches!(&err, Error::InvalidResponse(e) if e.reason() == reason),
             "{err:?}"
         );
+        assert_undone_if(&client, &server, true).await;
         server.verify().await;
     }
 }
@@ -280,13 +300,11 @@ async fn a_200_instead_of_201_is_an_unexpected_status() {
         .expect(1)
         .mount(&server)
         .await;
-    let err = client(&server.uri())
-        .locks()
-        .acquire("k", TTL)
-        .await
-        .unwrap_err();
+    let client = client(&server.uri());
+    let err = client.locks().acquire("k", TTL).await.unwrap_err();
     assert!(matches!(err, Error::UnexpectedStatus(_)), "{err:?}");
     assert_eq!(err.status(), Some(200));
+    assert_undone_if(&client, &server, true).await;
 }
 
 #[tokio::test]

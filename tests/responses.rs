@@ -144,12 +144,15 @@ async fn i64_max_fencing_token_round_trips_and_beyond_is_rejected() {
         .expect(1)
         .mount(&server)
         .await;
-    let err = client(&server.uri())
+    let client = client(&server.uri());
+    let err = client
         .locks()
         .acquire("k", Duration::from_secs(5))
         .await
         .unwrap_err();
     assert_eq!(reason(&err), InvalidReason::FencingToken);
+    // The lease it cannot use is undone in the background.
+    assert!(client.shutdown(Duration::from_secs(10)).await.is_empty());
 }
 
 #[tokio::test]

@@ -462,3 +462,151 @@ async fn shutdown_names_the_keys_whose_release_did_not_finish_in_time() {
     assert_eq!(client.shutdown(SHUTDOWN).await, Vec::<String>::new());
     assert!(!held(&server, KEY));
 }
+
+#[tokio::test]
+async fn an_acquire_whose_retry_is_refused_keeps_the_first_attempts_uncertainty() {
+    let server = MockServer::start().await;
+    let client = mock_client(&server);
+    // The first try is applied and unanswered; the retry meets the quota.
+    server.inject(Fault::drop_response().on(Operation::Acquire).times(1));
+    server.inject(Fault::status(429).on(Operation::Acquire).times(1));
+    let err = client.locks().acquire(KEY, TTL).await.unwrap_err();
+    assert!(err.is_transport(), "the outcome is unknown: {err:?}");
+    assert_eq!(acquires(&server), 2);
+    assert!(held(&server, KEY));
+    assert_eq!(client.shutdown(SHUTDOWN).await, Vec::<String>::new());
+    assert!(!held(&server, KEY), "undone: {:?}", server.locks());
+}
+
+/// Starts `with_lock(KEY).token(token)` and cancels it while the closure
+/// runs, leaving its release to the background.
+async fn cancel_a_scope(client: &Client, token: &str) {
+    let (started_tx, started_rx) = tokio::sync::oneshot::channel::<()>();
+    let scope = client
+        .locks()
+        .with_lock(KEY, TTL, |_guard| async move {
+            started_tx.send(()).unwrap();
+            std::future::pending::<Result<(), Error>>().await
+        })
+        .token(token);
+    let task = tokio::spawn(async move { scope.await });
+    started_rx.await.unwrap();
+    task.abort();
+    assert!(task.await.unwrap_err().is_cancelled());
+}
+
+#[tokio::test]
+async fn recovering_with_the_token_of_a_cancelled_scope_waits_for_its_release_in_flight() {
+    let server = MockServer::start().await;
+    let client = mock_client(&server);
+    server.inject(
+        Fault::delay(Duration::from_millis(600))
+            .on(Operation::Release)
+            .times(1),
+    );
+    let mine = token();
+    cancel_a_scope(&client, &mine).await;
+    // The release is on its way; recovering now must not be undone by it.
+    let recovered = client.locks().acquire(KEY, TTL).token(mine).await.unwrap();
+    assert_eq!(client.shutdown(SHUTDOWN).await, Vec::<String>::new());
+    assert_eq!(
+        server
+            .locks()
+            .iter()
+            .find(|l| l.key == KEY && l.live)
+            .map(|l| l.fencing_token),
+        Some(recovered.fencing_token()),
+        "the recovered lease is live"
+    );
+}
+
+#[tokio::test]
+async fn recovering_with_the_token_of_a_cancelled_scope_stops_its_background_retries() {
+    let server = MockServer::start().await;
+    let client = mock_client(&server);
+    server.inject(Fault::status(503).on(Operation::Release));
+    let mine = token();
+    cancel_a_scope(&client, &mine).await;
+    let refused = || {
+        server
+            .requests()
+            .iter()
+            .any(|r| r.operation == Operation::Release && r.status == Some(503))
+    };
+    assert!(eventually(Duration::from_secs(5), refused).await);
+    let recovered = client.locks().acquire(KEY, TTL).token(mine).await.unwrap();
+    assert_eq!(client.shutdown(SHUTDOWN).await, Vec::<String>::new());
+    let releases = count(&server, Operation::Release);
+    server.clear_faults();
+    assert_eq!(count(&server, Operation::Release), releases);
+    assert!(held(&server, KEY));
+    client.locks().release(&recovered).await.unwrap();
+}
+
+#[tokio::test]
+async fn guard_clones_stop_believing_before_the_final_release_is_sent() {
+    struct Observe(Arc<std::sync::Mutex<Option<LockGuard>>>, Arc<AtomicBool>);
+    impl wiremock::Respond for Observe {
+        fn respond(&self, _: &wiremock::Request) -> ResponseTemplate {
+            let guard = self.0.lock().unwrap();
+            self.1.store(
+                guard.as_ref().is_some_and(LockGuard::is_lost),
+                Ordering::SeqCst,
+            );
+            ResponseTemplate::new(204)
+        }
+    }
+    let server = server().await;
+    Mock::given(method("POST"))
+        .respond_with(lease_body(201, 7))
+        .mount(&server)
+        .await;
+    let slot = Arc::new(std::sync::Mutex::new(None));
+    let lost_when_released = Arc::new(AtomicBool::new(false));
+    Mock::given(method("DELETE"))
+        .respond_with(Observe(slot.clone(), lost_when_released.clone()))
+        .expect(1)
+        .mount(&server)
+        .await;
+    client(&server.uri())
+        .locks()
+        .with_lock(KEY, TTL, |guard| async move {
+            *slot.lock().unwrap() = Some(guard);
+            Ok::<_, Error>(())
+        })
+        .await
+        .unwrap();
+    assert!(lost_when_released.load(Ordering::SeqCst));
+}
+
+#[tokio::test]
+async fn a_409_after_a_rate_limited_release_is_a_real_conflict() {
+    let server = server().await;
+    Mock::given(method("POST"))
+        .respond_with(lease_body(201, 7))
+        .mount(&server)
+        .await;
+    Mock::given(method("DELETE"))
+        .respond_with(error_body(429, "slow down", Some("lock_rate_limited")))
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("DELETE"))
+        .respond_with(error_body(
+            409,
+            "Lock ownership lost",
+            Some("lock_ownership_lost"),
+        ))
+        .mount(&server)
+        .await;
+    // A 429 was not applied, so the 409 that follows says the lock was
+    // already someone else's (a force release): not "released".
+    let err = client(&server.uri())
+        .locks()
+        .with_lock(KEY, TTL, |_guard| async { Ok::<_, Error>(()) })
+        .await
+        .unwrap_err();
+    assert!(err.is_ownership_lost(), "{err:?}");
+    assert_eq!(err.status(), Some(409));
+}

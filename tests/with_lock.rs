@@ -508,6 +508,13 @@ async fn scenario_46_to_49_outcome_precedence() {
         let methods = methods(&server).await;
         assert_eq!(methods[..4], ["POST", "DELETE", "DELETE", "DELETE"]);
         assert_eq!(client.shutdown(Duration::ZERO).await, ["job"]);
+        // Let it finish, so it cannot reach the next run's (pooled) server.
+        Mock::given(method("DELETE"))
+            .respond_with(ResponseTemplate::new(204))
+            .with_priority(1)
+            .mount(&server)
+            .await;
+        assert!(client.shutdown(Duration::from_secs(10)).await.is_empty());
         result
     }
     // 46: release error when nothing else went wrong.

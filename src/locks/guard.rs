@@ -87,8 +87,10 @@ struct State {
 }
 
 impl State {
-    fn new(acquired: Measured, ttl: Duration, clock: LeaseClock) -> Self {
-        let cap = acquired.sent_at.saturating_add(validate::MAX_TTL);
+    /// `started`: the lease-clock reading before the acquire's first try
+    /// (an earlier try than the one answered may be the one applied).
+    fn new(acquired: Measured, ttl: Duration, clock: LeaseClock, started: Duration) -> Self {
+        let cap = started.saturating_add(validate::MAX_TTL);
         State {
             key: acquired.lease.key().to_owned(),
             ttl,
@@ -121,6 +123,14 @@ impl State {
 
     fn remaining(&self) -> Duration {
         self.deadline().saturating_sub(self.clock.now())
+    }
+
+    /// How long the server may still keep the latest lease: the local
+    /// deadline is conservative by up to a second of `Date` rounding plus
+    /// the time an answer took, so allow a little more.
+    fn server_may_hold_for(&self) -> Duration {
+        self.remaining()
+            .saturating_add(SAFETY_MARGIN + REQUEST_BUDGET)
     }
 
     /// Records a loss; the first one wins and flips the watch channel.
@@ -587,13 +597,14 @@ where
         if let Some(timeout) = wait {
             acquire = acquire.wait(timeout);
         }
+        let started = clock.now();
         let acquired = acquire.send_measured().await?;
         tracing::info!(
             key = acquired.lease.key(),
             fencing_token = acquired.lease.fencing_token(),
             "lock acquired"
         );
-        let state = Arc::new(State::new(acquired, ttl, clock));
+        let state = Arc::new(State::new(acquired, ttl, clock, started));
         let mut scope = Scope {
             locks: locks.clone(),
             state: state.clone(),
@@ -636,8 +647,10 @@ where
         // Expiry counts up to this moment; time spent releasing does not.
         state.check();
         let loss = state.failure();
-        let released = scope.release().await;
+        // Guard clones that outlive `f` stop believing before the lock can
+        // be free for someone else.
         state.mark(LockLost::new(state.key.clone(), LostReason::Released));
+        let released = scope.release().await;
 
         match outcome {
             Err(panic) => std::panic::resume_unwind(panic),
@@ -689,9 +702,8 @@ impl Scope {
     /// may still keep the lease), so the lock ends free rather than held.
     async fn release(&mut self) -> Result<()> {
         let lease = self.state.lease();
-        let budget = self.locks.client().timeout();
-        let result =
-            release::confirmed(&self.locks, &lease, budget, release::FOREGROUND_ATTEMPTS).await;
+        let persistence = release::Persistence::foreground(&self.locks);
+        let result = release::confirmed(&self.locks, &lease, persistence, None).await;
         self.armed = false;
         match &result {
             Ok(()) => tracing::info!(
@@ -710,7 +722,7 @@ impl Scope {
                     release::in_background(
                         &self.locks,
                         lease,
-                        self.state.ttl,
+                        self.state.server_may_hold_for(),
                         "final release failed; still trying",
                     );
                 }
@@ -733,7 +745,7 @@ impl Drop for Scope {
         release::in_background(
             &self.locks,
             self.state.lease(),
-            self.state.ttl,
+            self.state.server_may_hold_for(),
             "scoped lock cancelled",
         );
     }
@@ -809,7 +821,8 @@ mod tests {
 
     fn state(clock: &LeaseClock, ttl: u64) -> State {
         let lease = LockLease::new("k", "t", chrono::Utc::now(), 1);
-        State::new(measured(&lease, clock.now(), None), S(ttl), clock.clone())
+        let now = clock.now();
+        State::new(measured(&lease, now, None), S(ttl), clock.clone(), now)
     }
 
     #[test]
@@ -845,7 +858,7 @@ mod tests {
         let clock = LeaseClock::adjustable();
         let start = clock.now();
         let lease = LockLease::new("k", "t", chrono::Utc::now(), 1);
-        let state = State::new(measured(&lease, start, None), S(30), clock.clone());
+        let state = State::new(measured(&lease, start, None), S(30), clock.clone(), start);
         clock.advance(S(10));
         let sent_at = clock.now();
         clock.advance(S(2)); // the renewal took 2 s
@@ -873,7 +886,12 @@ mod tests {
         let lease = LockLease::new("k", "t", chrono::Utc::now(), 1);
         // The server granted 9 s of the 30 asked for (say, the 90-day cap
         // of the original acquisition).
-        let state = State::new(measured(&lease, start, Some(S(9))), S(30), clock.clone());
+        let state = State::new(
+            measured(&lease, start, Some(S(9))),
+            S(30),
+            clock.clone(),
+            start,
+        );
         assert_eq!(state.deadline(), start + S(9));
         clock.advance(S(9));
         assert!(
@@ -885,9 +903,15 @@ mod tests {
             measured(&lease, start, Some(S(3_600))),
             S(30),
             clock.clone(),
+            start,
         );
         assert_eq!(state.deadline(), start + S(30), "never longer than asked");
-        let state = State::new(measured(&lease, start, Some(Duration::ZERO)), S(30), clock);
+        let state = State::new(
+            measured(&lease, start, Some(Duration::ZERO)),
+            S(30),
+            clock,
+            start,
+        );
         assert!(state.check(), "an already expired grant is lost at once");
     }
 

@@ -59,6 +59,13 @@ impl Locks {
     /// request id: acquiring with the same token is idempotent, so a lease
     /// whose answer was lost is recovered, not duplicated.
     ///
+    /// If the outcome stays unknown (no answer after the retry, a 5xx, an
+    /// unusable `201`, or the future dropped while a request is in flight)
+    /// and the SDK generated the token, the lease it may have obtained is
+    /// released in the background (see [`Client::shutdown`]). With
+    /// [`Acquire::token`] nothing is released behind your back: acquire
+    /// again with the same token to recover the lease.
+    ///
     /// ```no_run
     /// # async fn demo(locks: volcano::Locks) -> Result<(), volcano::Error> {
     /// use std::time::Duration;
@@ -295,19 +302,6 @@ pub(crate) fn granted(
         .unwrap_or_default()
 }
 
-/// Failures after which the request may have been applied although the
-/// caller cannot tell: no answer, a server or proxy error, or a success
-/// status whose body could not be used.
-fn may_have_applied(err: &Error) -> bool {
-    matches!(
-        err,
-        Error::Transport(_)
-            | Error::Server(_)
-            | Error::UnexpectedStatus(_)
-            | Error::InvalidResponse(_)
-    )
-}
-
 /// Undoes an acquire whose outcome the caller will never see. Armed only
 /// for a token the SDK generated: a caller who chose the token recovers by
 /// acquiring again with it, and a release sent behind its back could free
@@ -349,7 +343,7 @@ impl Undo {
         self.in_flight = false;
         match result {
             Ok(_) => self.token = None,
-            Err(err) if may_have_applied(err) => self.uncertain = true,
+            Err(err) if err.may_have_applied() => self.uncertain = true,
             Err(_) => {}
         }
     }
@@ -421,8 +415,15 @@ impl Acquire {
     /// within about a second, and a waiter sends at most about 60 acquires
     /// a minute. A 429 is honoured (`Retry-After`); transport failures and
     /// 503 are tried again (the same token makes that safe); any other
-    /// error returns at once. Dropping the future stops it: nothing runs in
-    /// the background.
+    /// error returns at once.
+    ///
+    /// No try starts after `timeout`; one in flight then has 2 s more to
+    /// answer (a late success is returned as the lease). If it never
+    /// answers, the wait returns its `Error::Transport`, not an older
+    /// conflict, and a lease it may have obtained is undone with a release
+    /// when the SDK generated the token. With [`Acquire::token`], acquire
+    /// again with the same token to recover it. `Duration::MAX` waits
+    /// forever; `Duration::ZERO` makes one try with 2 s to answer.
     ///
     /// ```no_run
     /// # async fn demo(locks: volcano::Locks) -> Result<(), volcano::Error> {
@@ -452,6 +453,15 @@ impl Acquire {
             None => (validate::new_uuid(), true),
         };
         let request_id = self.common.request_id()?;
+        if !generated {
+            // A background release of this very token (a cancelled scope,
+            // say) must not free the lease this acquire may recover.
+            self.common
+                .locks
+                .client
+                .supersede_releases(&self.key, &token)
+                .await;
+        }
         let mut undo = Undo::new(
             &self.common.locks,
             &self.key,
@@ -465,7 +475,7 @@ impl Acquire {
                     .await
             }
             Some(timeout) => {
-                let waiter = wait::Waiter::new(timeout, !generated);
+                let waiter = wait::Waiter::new(timeout);
                 self.wait_for(waiter, ttl, &token, &request_id, &mut undo)
                     .await
             }

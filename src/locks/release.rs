@@ -2,13 +2,20 @@
 //!
 //! Release is idempotent for one token: an absent lock answers `204`, so a
 //! release whose answer was lost can be sent again. The one answer that
-//! changes meaning on a retry is `409`: after an attempt whose outcome is
-//! unknown, a `409` says the lock changed hands *after* that attempt freed
+//! changes meaning on a retry is `409`: after an attempt that may have been
+//! applied, a `409` says the lock changed hands *after* that attempt freed
 //! it, so the release is confirmed, not refused.
+//!
+//! Releases the caller does not wait for (a cancelled scope, a final
+//! release that kept failing, an acquire being undone) run in the
+//! background, registered with the client so that `Client::shutdown` can
+//! wait for them. They keep trying while the lease may still be live, and
+//! stop as soon as an acquire with the same token supersedes them.
 
 use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBuilder};
+use tokio::sync::watch;
 use tokio::time::Instant;
 
 use super::lease::LockLease;
@@ -16,12 +23,9 @@ use super::Locks;
 use crate::error::{Error, Result};
 use crate::validate;
 
-/// Attempts of a release the caller waits for.
-pub(crate) const FOREGROUND_ATTEMPTS: usize = 3;
 /// An attempt with less time than this left is not sent.
 const MIN_ATTEMPT: Duration = Duration::from_millis(100);
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
-const BACKOFF_MAX: Duration = Duration::from_secs(2);
 
 /// Failures worth another attempt: no answer, 429, and the 5xx statuses a
 /// healthy service or proxy sends while it recovers. `InvalidResponse`
@@ -34,34 +38,73 @@ pub(crate) fn is_transient(err: &Error) -> bool {
     }
 }
 
-/// Releases `lease` with one fresh request id: at most `attempts`
-/// attempts, all within `budget` and each within the client's timeout,
-/// transient failures backed off with jitter. A `409` that follows an
-/// attempt with an unknown outcome counts as released.
+/// How hard one release tries.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Persistence {
+    /// All attempts and pauses fit in this.
+    budget: Duration,
+    attempts: usize,
+    max_backoff: Duration,
+}
+
+impl Persistence {
+    /// A release the caller waits for: three attempts within one client
+    /// timeout.
+    pub(crate) fn foreground(locks: &Locks) -> Self {
+        Persistence {
+            budget: locks.client().timeout(),
+            attempts: 3,
+            max_backoff: Duration::from_secs(2),
+        }
+    }
+
+    /// A release nobody waits for: attempts until the lease can no longer
+    /// be live (`live_for`, at least one client timeout), backing off to
+    /// 30 s so that a struggling service is not hammered.
+    pub(crate) fn background(locks: &Locks, live_for: Duration) -> Self {
+        Persistence {
+            budget: live_for.max(locks.client().timeout()),
+            attempts: usize::MAX,
+            max_backoff: Duration::from_secs(30),
+        }
+    }
+}
+
+/// Releases `lease` with one fresh request id: attempts each within the
+/// client's timeout, transient failures backed off with jitter (and at
+/// least `Retry-After`), all within the budget. A `409` that follows an
+/// attempt that may have been applied counts as released. Once
+/// `superseded` turns `true`, no further attempt is sent.
 pub(crate) async fn confirmed(
     locks: &Locks,
     lease: &LockLease,
-    budget: Duration,
-    attempts: usize,
+    persistence: Persistence,
+    mut superseded: Option<watch::Receiver<bool>>,
 ) -> Result<()> {
     let request_id = validate::new_uuid();
     let started = Instant::now();
+    let budget = persistence.budget;
     let per_attempt = locks.client().timeout();
     let mut backoff = ExponentialBuilder::default()
         .with_min_delay(BACKOFF_MIN)
-        .with_max_delay(BACKOFF_MAX)
+        .with_max_delay(persistence.max_backoff)
         .with_jitter()
-        .with_max_times(attempts.saturating_sub(1))
+        .with_max_times(persistence.attempts.saturating_sub(1))
         .build();
     let mut uncertain = false;
     loop {
+        if superseded.as_ref().is_some_and(|s| *s.borrow()) {
+            tracing::debug!(key = lease.key(), "release superseded by a new acquire");
+            return Ok(());
+        }
         let left = budget.saturating_sub(started.elapsed());
         let attempt = locks
             .release(lease)
             .request_id(request_id.clone())
             .timeout(left.min(per_attempt).max(MIN_ATTEMPT))
             .await;
-        match attempt {
+        let err = match attempt {
+            Ok(()) => return Ok(()),
             Err(Error::Conflict(_)) if uncertain => {
                 tracing::info!(
                     key = lease.key(),
@@ -70,49 +113,67 @@ pub(crate) async fn confirmed(
                 );
                 return Ok(());
             }
-            Err(err) if is_transient(&err) => {
-                uncertain = true;
-                match backoff.next() {
-                    Some(wait) if started.elapsed() + wait + MIN_ATTEMPT < budget => {
-                        tracing::info!(
-                            key = lease.key(),
-                            request_id,
-                            error = %err,
-                            "release failed; retrying"
-                        );
-                        tokio::time::sleep(wait).await;
-                    }
-                    _ => return Err(err),
+            Err(err) if is_transient(&err) => err,
+            Err(err) => return Err(err),
+        };
+        uncertain |= err.may_have_applied();
+        let wait = match backoff.next() {
+            Some(wait) => wait.max(err.retry_after().unwrap_or_default()),
+            None => return Err(err),
+        };
+        let next_at = started
+            .elapsed()
+            .saturating_add(wait)
+            .saturating_add(MIN_ATTEMPT);
+        if next_at >= budget {
+            return Err(err);
+        }
+        tracing::info!(
+            key = lease.key(),
+            request_id,
+            error = %err,
+            retry_in_ms = wait.as_millis() as u64,
+            "release failed; retrying"
+        );
+        match superseded.as_mut() {
+            Some(superseded) => {
+                tokio::select! {
+                    _ = tokio::time::sleep(wait) => {}
+                    _ = superseded.wait_for(|s| *s) => {}
                 }
             }
-            other => return other,
+            None => tokio::time::sleep(wait).await,
         }
     }
 }
 
 /// Hands a release of `lease` to the client's background releases, which
-/// [`Client::shutdown`](crate::Client::shutdown) waits for. It keeps
-/// trying transient failures for `live_for` (as long as the lease may still
-/// be live: after that the service lets it go by itself), and at least for
-/// one client timeout.
+/// [`Client::shutdown`](crate::Client::shutdown) waits for; it keeps trying
+/// for `live_for`, the longest the lease may still be live.
 pub(crate) fn in_background(
     locks: &Locks,
     lease: LockLease,
     live_for: Duration,
     why: &'static str,
 ) {
-    let key = lease.key().to_owned();
-    let locks_for_task = locks.clone();
-    locks.client().spawn_release(&key, async move {
-        let budget = live_for.max(locks_for_task.client().timeout());
-        match confirmed(&locks_for_task, &lease, budget, usize::MAX).await {
-            Ok(()) => tracing::info!(key = lease.key(), why, "lock released in the background"),
-            Err(err) => tracing::warn!(
-                key = lease.key(),
-                why,
-                error = %err,
-                "background release failed; the lease expires at its ttl"
-            ),
-        }
-    });
+    let persistence = Persistence::background(locks, live_for);
+    let task_locks = locks.clone();
+    let (key, token) = (lease.key().to_owned(), lease.token().to_owned());
+    locks
+        .client()
+        .spawn_release(&key, &token, move |superseded| {
+            Box::pin(async move {
+                match confirmed(&task_locks, &lease, persistence, Some(superseded)).await {
+                    Ok(()) => {
+                        tracing::info!(key = lease.key(), why, "lock released in the background")
+                    }
+                    Err(err) => tracing::warn!(
+                        key = lease.key(),
+                        why,
+                        error = %err,
+                        "background release failed; the lease expires at its ttl"
+                    ),
+                }
+            })
+        });
 }

@@ -11,11 +11,11 @@
 //! retry, nor a `get`) starts after the deadline. A try still in flight at
 //! the deadline gets [`ANSWER_GRACE`] more to answer: a late `201` is
 //! returned as the lease. If no answer comes, the acquire may have been
-//! applied; with a generated token the SDK undoes it with a release (the
-//! caller could never name that token), and with the caller's own token the
-//! wait returns that try's `Error::Transport`, never an older `409`, so
-//! the caller knows to recover by acquiring again with the token. A timeout
-//! too large to represent (`Duration::MAX`) waits forever.
+//! applied: the wait returns that try's error (`Error::Transport`), never
+//! an older `409`. With a generated token the SDK also undoes the try with
+//! a release (the caller could never name that token); with the caller's
+//! own token the caller recovers by acquiring again with it. A timeout too
+//! large to represent (`Duration::MAX`) waits forever.
 
 use std::time::Duration;
 
@@ -54,8 +54,6 @@ pub(crate) enum Step {
 pub(crate) struct Waiter {
     /// `None`: the timeout is too large to represent; wait forever.
     deadline: Option<Instant>,
-    /// The caller chose the token, so an uncertain try is theirs to resolve.
-    caller_token: bool,
     poll: Duration,
     /// When the known holder's lease can be taken over (local time).
     holder_free_at: Option<Instant>,
@@ -64,15 +62,14 @@ pub(crate) struct Waiter {
     /// The newest other error worth waiting through (429, 503, transport).
     last_other: Option<Error>,
     /// The newest try whose outcome is unknown, while no later `409`
-    /// showed it did not take (only with the caller's token).
+    /// showed it did not take.
     last_uncertain: Option<Error>,
 }
 
 impl Waiter {
-    pub(crate) fn new(timeout: Duration, caller_token: bool) -> Self {
+    pub(crate) fn new(timeout: Duration) -> Self {
         Waiter {
             deadline: Instant::now().checked_add(timeout),
-            caller_token,
             poll: POLL_MIN,
             holder_free_at: None,
             last_conflict: None,
@@ -120,7 +117,7 @@ impl Waiter {
             }
             // The same token makes another try safe.
             _ if err.is_transport() || err.status() == Some(503) => {
-                if self.caller_token {
+                if err.may_have_applied() {
                     self.last_uncertain = Some(err);
                 } else {
                     self.last_other = Some(err);
