@@ -35,6 +35,11 @@ fn held(server: &MockServer, key: &str) -> bool {
     server.locks().iter().any(|l| l.key == key && l.live)
 }
 
+/// The next acquire is applied at once and answered after `by`.
+fn answer_late(server: &MockServer, by: Duration) {
+    server.inject(Fault::delay_response(by).on(Operation::Acquire).times(1));
+}
+
 fn token() -> String {
     uuid::Uuid::new_v4().to_string()
 }
@@ -44,11 +49,7 @@ async fn a_wait_sends_nothing_after_its_deadline_and_undoes_a_try_left_unanswere
     let server = MockServer::start().await;
     let client = mock_client(&server);
     // Applied at once, answered after 4 s: past the 1 s wait and its grace.
-    server.inject(
-        Fault::delay_response(Duration::from_secs(4))
-            .on(Operation::Acquire)
-            .times(1),
-    );
+    answer_late(&server, Duration::from_secs(4));
     let err = client
         .locks()
         .acquire(KEY, TTL)
@@ -69,11 +70,7 @@ async fn a_wait_sends_nothing_after_its_deadline_and_undoes_a_try_left_unanswere
 async fn a_late_answer_within_the_grace_is_returned_as_the_lease() {
     let server = MockServer::start().await;
     let client = mock_client(&server);
-    server.inject(
-        Fault::delay_response(Duration::from_millis(1_200))
-            .on(Operation::Acquire)
-            .times(1),
-    );
+    answer_late(&server, Duration::from_millis(1_200));
     let lease = client
         .locks()
         .acquire(KEY, TTL)
@@ -112,11 +109,7 @@ async fn a_wait_with_the_callers_token_reports_an_unanswered_try_not_the_older_c
     };
     assert!(eventually(Duration::from_secs(5), conflicts).await);
     // The next try is applied, and its answer comes too late.
-    server.inject(
-        Fault::delay_response(Duration::from_secs(6))
-            .on(Operation::Acquire)
-            .times(1),
-    );
+    answer_late(&server, Duration::from_secs(6));
     locks.release(&holder).await.unwrap();
 
     let err = waiter.await.unwrap().unwrap_err();
@@ -138,11 +131,7 @@ async fn a_wait_with_the_callers_token_reports_an_unanswered_try_not_the_older_c
 async fn with_lock_dropped_while_its_acquire_is_in_flight_releases_the_lease() {
     let server = MockServer::start().await;
     let client = mock_client(&server);
-    server.inject(
-        Fault::delay_response(Duration::from_millis(1_500))
-            .on(Operation::Acquire)
-            .times(1),
-    );
+    answer_late(&server, Duration::from_millis(1_500));
     let ran = Arc::new(AtomicBool::new(false));
     let scope = client.locks().with_lock(KEY, TTL, {
         let ran = ran.clone();
@@ -167,11 +156,7 @@ async fn with_lock_dropped_while_its_acquire_is_in_flight_releases_the_lease() {
 async fn a_dropped_acquire_with_the_callers_token_is_left_for_the_caller_to_recover() {
     let server = MockServer::start().await;
     let client = mock_client(&server);
-    server.inject(
-        Fault::delay_response(Duration::from_millis(1_500))
-            .on(Operation::Acquire)
-            .times(1),
-    );
+    answer_late(&server, Duration::from_millis(1_500));
     let mine = token();
     let acquire = client.locks().acquire(KEY, TTL).token(mine.clone());
     assert!(tokio::time::timeout(Duration::from_millis(300), acquire)
