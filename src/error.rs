@@ -4,6 +4,18 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+/// The `code` values of the service's error bodies ([`Error::code`]).
+pub mod codes {
+    /// A 409: another live lease owns the key.
+    pub const LOCK_HELD: &str = "lock_held";
+    /// A 409: the caller's lease is gone.
+    pub const OWNERSHIP_LOST: &str = "lock_ownership_lost";
+    /// A 429: the project's lock quota is used up.
+    pub const RATE_LIMITED: &str = "lock_rate_limited";
+    /// A 503: the service could not decide ownership.
+    pub const SERVICE_UNAVAILABLE: &str = "lock_service_unavailable";
+}
+
 /// `Result` with [`Error`] as the default error type.
 pub type Result<T, E = Error> = std::result::Result<T, E>;
 
@@ -112,7 +124,7 @@ impl Error {
 
     /// True for `409 lock_held`: another live lease owns the key.
     pub fn is_lock_held(&self) -> bool {
-        matches!(self, Error::Conflict(e) if e.code.as_deref() == Some(crate::CODE_LOCK_HELD))
+        matches!(self, Error::Conflict(e) if e.code.as_deref() == Some(codes::LOCK_HELD))
     }
 
     /// True when this caller no longer owns the lease: `409
@@ -120,7 +132,7 @@ impl Error {
     /// Stop protected work.
     pub fn is_ownership_lost(&self) -> bool {
         match self {
-            Error::Conflict(e) => e.code.as_deref() == Some(crate::CODE_OWNERSHIP_LOST),
+            Error::Conflict(e) => e.code.as_deref() == Some(codes::OWNERSHIP_LOST),
             Error::LockLost(_) => true,
             _ => false,
         }
@@ -357,8 +369,7 @@ pub struct LockLost {
 }
 
 impl LockLost {
-    /// Builds a loss record; used by guards and by callers of `mark_lost`.
-    pub fn new(key: impl Into<String>, reason: LostReason) -> Self {
+    pub(crate) fn new(key: impl Into<String>, reason: LostReason) -> Self {
         LockLost {
             key: key.into(),
             reason,

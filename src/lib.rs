@@ -29,10 +29,12 @@
 //! rejecting writes whose fencing token is lower than the highest it has
 //! seen.
 #![deny(missing_docs)]
+#![warn(unreachable_pub, missing_debug_implementations)]
 
 mod client;
 mod error;
-pub mod locks;
+mod locks;
+mod ops;
 mod transport;
 mod validate;
 
@@ -41,42 +43,44 @@ pub use client::{
     ENV_SERVICE_KEY,
 };
 pub use error::{
-    ApiError, Error, InvalidReason, InvalidResponse, LockLost, LostReason, Result, TransportError,
+    codes, ApiError, Error, InvalidReason, InvalidResponse, LockLost, LostReason, Result,
+    TransportError,
 };
 pub use locks::lease::{LockLease, LockState};
-pub use locks::{LeaseClock, LockGuard, Locks, WithLock};
-pub use transport::{LOCK_TOKEN_HEADER, REQUEST_ID_HEADER};
-pub use validate::{MAX_KEY_LEN, MAX_TTL, MIN_TTL};
+pub use locks::{
+    Acquire, ForceRelease, Get, LeaseClock, LockGuard, Locks, Release, Renew, WithLock,
+};
+pub use validate::{MAX_TTL, MIN_TTL};
 
-/// `code` of a 409 when another live lease owns the key.
-pub const CODE_LOCK_HELD: &str = "lock_held";
-/// `code` of a 409 when the caller's lease is gone.
-pub const CODE_OWNERSHIP_LOST: &str = "lock_ownership_lost";
-/// `code` of a 429.
-pub const CODE_RATE_LIMITED: &str = "lock_rate_limited";
-/// `code` of a 503.
-pub const CODE_SERVICE_UNAVAILABLE: &str = "lock_service_unavailable";
-
-/// Hooks for the micro-benchmarks (`cargo bench --bench micro`); not part of
-/// the API and not covered by semver.
+/// Hooks for the micro-benchmarks (`cargo bench --features bench --bench
+/// micro`): the SDK's own decoders and request building, run on the real
+/// operation types. Only the `bench` feature compiles them; not part of the
+/// API and not covered by semver.
+#[cfg(feature = "bench")]
 #[doc(hidden)]
 pub mod __bench {
     use std::time::Duration;
 
     use crate::error::InvalidReason;
-    use crate::transport::{json_object, Call, Op};
+    use crate::ops::{self, Operation};
+    use crate::transport::json_object;
     use crate::{Client, Error, LockLease, LockState};
 
-    /// Decodes an acquire or renew body as the SDK does.
+    /// Decodes an acquire body as the SDK does.
     pub fn decode_lease(body: &[u8]) -> Result<LockLease, InvalidReason> {
         let map = json_object(body).ok_or(InvalidReason::NotAnObject)?;
-        LockLease::decode("key".to_owned(), "token".to_owned(), &map)
+        let op = ops::Acquire {
+            key: "key",
+            token: "token",
+            ttl_secs: 30,
+        };
+        op.decode(Some(map))
     }
 
     /// Decodes a get body as the SDK does.
     pub fn decode_state(body: &[u8]) -> Result<LockState, InvalidReason> {
         let map = json_object(body).ok_or(InvalidReason::NotAnObject)?;
-        LockState::decode(&map)
+        ops::Get { key: "key" }.decode(Some(map))
     }
 
     /// Validates and builds an acquire request as the SDK does, without
@@ -92,15 +96,11 @@ pub mod __bench {
         crate::validate::key(key)?;
         crate::validate::uuid("token", token)?;
         crate::validate::uuid("request_id", request_id)?;
-        client.transport().build(&Call {
-            op: Op::Acquire,
+        let op = ops::Acquire {
             key,
-            token: Some(token),
-            request_id,
-            ttl_secs: Some(ttl_secs),
-            timeout: None,
-            send_by: None,
-            answer_by: None,
-        })
+            token,
+            ttl_secs,
+        };
+        client.transport().build(&op, request_id, None)
     }
 }

@@ -1,13 +1,13 @@
 //! The one place that talks to the service: URL and headers, the per-request
 //! timeout, acquire's single retry, status-to-error mapping and reading bodies.
-//! All five operations go through [`Transport::execute`].
+//! Every operation ([`crate::ops`]) goes through [`Transport::send`], which
+//! builds its request once and replays that very request for a retry.
 
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
 use reqwest::header::DATE;
 use reqwest::header::{HeaderMap, HeaderValue, ACCEPT, AUTHORIZATION, CONTENT_TYPE, RETRY_AFTER};
-use reqwest::{Method, StatusCode};
 use serde_json::{Map, Value};
 use tokio::time::Instant;
 use tracing::Instrument;
@@ -15,11 +15,12 @@ use tracing::Instrument;
 use crate::error::{
     ApiError, Error, InvalidReason, InvalidResponse, Result, TransportError, TransportKind,
 };
+use crate::ops::{header_value, Operation};
 
 /// Header carrying the request id (all five operations).
-pub const REQUEST_ID_HEADER: &str = "x-volcano-request-id";
+pub(crate) const REQUEST_ID_HEADER: &str = "x-volcano-request-id";
 /// Header carrying the ownership token (acquire, renew, release).
-pub const LOCK_TOKEN_HEADER: &str = "x-volcano-lock-token";
+pub(crate) const LOCK_TOKEN_HEADER: &str = "x-volcano-lock-token";
 
 /// Most bytes of a success body the SDK reads; a lease or state is < 200 bytes.
 const MAX_SUCCESS_BODY: usize = 64 * 1024;
@@ -28,73 +29,10 @@ const MAX_ERROR_BODY: usize = 8 * 1024;
 /// Most characters of a non-JSON error body kept as the message.
 const MAX_ERROR_TEXT: usize = 512;
 
-/// The five lock operations.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(crate) enum Op {
-    Acquire,
-    Renew,
-    Release,
-    Get,
-    ForceRelease,
-}
-
-impl Op {
-    pub(crate) fn name(self) -> &'static str {
-        match self {
-            Op::Acquire => "acquire",
-            Op::Renew => "renew",
-            Op::Release => "release",
-            Op::Get => "get",
-            Op::ForceRelease => "force_release",
-        }
-    }
-
-    fn method(self) -> Method {
-        match self {
-            Op::Acquire => Method::POST,
-            Op::Renew => Method::PATCH,
-            Op::Release | Op::ForceRelease => Method::DELETE,
-            Op::Get => Method::GET,
-        }
-    }
-
-    fn success(self) -> StatusCode {
-        match self {
-            Op::Acquire => StatusCode::CREATED,
-            Op::Renew | Op::Get => StatusCode::OK,
-            Op::Release | Op::ForceRelease => StatusCode::NO_CONTENT,
-        }
-    }
-
-    /// Operations on `/locks/{key}/lease` (the others use `/locks/{key}`).
-    fn on_lease(self) -> bool {
-        matches!(self, Op::Acquire | Op::Renew | Op::Release)
-    }
-
-    fn has_response_body(self) -> bool {
-        matches!(self, Op::Acquire | Op::Renew | Op::Get)
-    }
-
-    /// Acquire is idempotent for one token, so it gets one more attempt.
-    fn attempts(self) -> u32 {
-        if self == Op::Acquire {
-            2
-        } else {
-            1
-        }
-    }
-}
-
-/// One logical call. Everything in it is fixed before the first attempt, so a
-/// retry is byte-identical.
-pub(crate) struct Call<'a> {
-    pub(crate) op: Op,
-    pub(crate) key: &'a str,
-    /// Ownership token; `Some` exactly for acquire, renew and release.
-    pub(crate) token: Option<&'a str>,
-    pub(crate) request_id: &'a str,
-    /// `Some` exactly for acquire and renew.
-    pub(crate) ttl_secs: Option<u64>,
+/// When the attempts of one call may run; by default only the client's
+/// per-request timeout bounds them.
+#[derive(Debug, Clone, Copy, Default)]
+pub(crate) struct Timing {
     /// Overrides the client's per-request timeout.
     pub(crate) timeout: Option<Duration>,
     /// No attempt is started at or after this instant (a waiting acquire's
@@ -104,12 +42,11 @@ pub(crate) struct Call<'a> {
     pub(crate) answer_by: Option<Instant>,
 }
 
-/// A success answer: the JSON object of its body (`None` for 204) and the
-/// server's `Date` header, the server-clock reading the lease was measured
-/// against.
-#[derive(Debug, Default)]
-pub(crate) struct Reply {
-    pub(crate) body: Option<Map<String, Value>>,
+/// A decoded success and the server's `Date` header, the server-clock
+/// reading a lease was measured against.
+#[derive(Debug)]
+pub(crate) struct Answer<T> {
+    pub(crate) value: T,
     pub(crate) date: Option<DateTime<Utc>>,
 }
 
@@ -160,101 +97,91 @@ impl Transport {
         self.auth.is_some()
     }
 
-    /// Sends `call` (acquire: up to twice) and returns the success answer.
-    pub(crate) async fn execute(&self, call: &Call<'_>) -> Result<Reply> {
-        let auth = self
-            .auth
-            .as_ref()
-            .ok_or_else(|| Error::Authentication(ApiError::local("No service key configured")))?;
-        let url = self.url(call.op, call.key);
-        let body = call.ttl_secs.map(|n| format!("{{\"ttl_seconds\":{n}}}"));
-        let attempts = call.op.attempts();
-        let mut attempt = 1;
+    /// Sends `op` (acquire: up to twice) and returns its decoded success.
+    /// The request is built once; a retry sends a clone of it, so it is
+    /// byte-identical by construction.
+    pub(crate) async fn send<O: Operation>(
+        &self,
+        op: &O,
+        request_id: &str,
+        timing: Timing,
+    ) -> Result<Answer<O::Output>> {
+        let mut request = self.build(op, request_id, timing.timeout)?;
         let mut first_error: Option<Error> = None;
+        let mut attempt = 1;
         loop {
+            let replay = if attempt < O::ATTEMPTS {
+                request.try_clone()
+            } else {
+                None
+            };
+            if let Some(by) = timing.answer_by {
+                let left = by.saturating_duration_since(Instant::now());
+                let cut = request.timeout().copied().unwrap_or(self.timeout).min(left);
+                *request.timeout_mut() = Some(cut.max(Duration::from_millis(1)));
+            }
             let span = tracing::debug_span!(
                 "volcano.lock",
-                op = call.op.name(),
-                key = call.key,
-                request_id = call.request_id,
+                op = O::NAME,
+                key = op.key(),
+                request_id,
                 attempt,
                 status = tracing::field::Empty,
             );
             let result = self
-                .attempt(call, auth, &url, body.as_deref())
+                .attempt(op, request, request_id)
                 .instrument(span.clone())
                 .await;
-            let in_time = call.send_by.is_none_or(|by| Instant::now() < by);
-            match result {
-                Err(err) if attempt < attempts && retryable(&err) && in_time => {
+            let in_time = timing.send_by.is_none_or(|by| Instant::now() < by);
+            match (result, replay) {
+                (Err(err), Some(again)) if retryable(&err) && in_time => {
                     span.in_scope(|| {
                         tracing::info!(error = %err, "retrying acquire once with the same token and request id");
                     });
                     first_error = Some(err).filter(Error::may_have_applied);
+                    request = again;
                     attempt += 1;
                 }
                 // The retry's answer settles ownership only as a success or
                 // a 409 (or by being just as uncertain); anything else (a
                 // 429, a 401) says nothing about the first attempt, whose
                 // unknown outcome then stands.
-                Err(err) if first_error.is_some() && !settles(&err) => {
+                (Err(err), _) if first_error.is_some() && !settles(&err) => {
                     return Err(first_error.take().unwrap_or(err));
                 }
-                other => return other,
+                (other, _) => return other,
             }
         }
     }
 
-    fn url(&self, op: Op, key: &str) -> String {
+    fn url(&self, key: &str, on_lease: bool) -> String {
         let mut url = String::with_capacity(self.base_url.len() + key.len() + 16);
         url.push_str(&self.base_url);
         url.push_str("/locks/");
         encode_path_segment(key, &mut url);
-        if op.on_lease() {
+        if on_lease {
             url.push_str("/lease");
         }
         url
     }
 
-    /// Builds the request for `call` exactly as it goes on the wire.
-    pub(crate) fn build(&self, call: &Call<'_>) -> Result<reqwest::Request> {
+    /// Builds the request for `op` exactly as it goes on the wire.
+    pub(crate) fn build<O: Operation>(
+        &self,
+        op: &O,
+        request_id: &str,
+        timeout: Option<Duration>,
+    ) -> Result<reqwest::Request> {
         let auth = self
             .auth
             .as_ref()
             .ok_or_else(|| Error::Authentication(ApiError::local("No service key configured")))?;
-        let body = call.ttl_secs.map(|n| format!("{{\"ttl_seconds\":{n}}}"));
-        self.build_with(call, auth, &self.url(call.op, call.key), body.as_deref())
-    }
-
-    fn build_with(
-        &self,
-        call: &Call<'_>,
-        auth: &HeaderValue,
-        url: &str,
-        body: Option<&str>,
-    ) -> Result<reqwest::Request> {
         let mut request = self
             .http
-            .request(call.op.method(), url)
+            .request(O::METHOD, self.url(op.key(), O::ON_LEASE))
             .header(AUTHORIZATION, auth.clone())
-            .header(
-                REQUEST_ID_HEADER,
-                header_value(call.request_id, "request_id")?,
-            );
-        if let Some(token) = call.token {
-            let mut value = header_value(token, "token")?;
-            value.set_sensitive(true);
-            request = request.header(LOCK_TOKEN_HEADER, value);
-        }
-        if let Some(body) = body {
-            request = request.body(body.to_owned());
-        }
-        let mut timeout = call.timeout;
-        if let Some(by) = call.answer_by {
-            let left = by.saturating_duration_since(Instant::now());
-            let cut = timeout.unwrap_or(self.timeout).min(left);
-            timeout = Some(cut.max(Duration::from_millis(1)));
-        }
+            .header(REQUEST_ID_HEADER, header_value(request_id, "request_id")?);
+        request = op.prepare(request)?;
         if let Some(timeout) = timeout {
             request = request.timeout(timeout);
         }
@@ -263,15 +190,12 @@ impl Transport {
             .map_err(|e| Error::invalid(format!("could not build the request: {e}")))
     }
 
-    async fn attempt(
+    async fn attempt<O: Operation>(
         &self,
-        call: &Call<'_>,
-        auth: &HeaderValue,
-        url: &str,
-        body: Option<&str>,
-    ) -> Result<Reply> {
-        let request_id = call.request_id;
-        let request = self.build_with(call, auth, url, body)?;
+        op: &O,
+        request: reqwest::Request,
+        request_id: &str,
+    ) -> Result<Answer<O::Output>> {
         let mut response = self
             .http
             .execute(request)
@@ -280,16 +204,12 @@ impl Transport {
         let status = response.status();
         tracing::Span::current().record("status", status.as_u16());
 
-        if status == call.op.success() {
+        if status == O::SUCCESS {
             let date = response
                 .headers()
                 .get(DATE)
                 .and_then(|v| v.to_str().ok())
                 .and_then(http_date);
-            if !call.op.has_response_body() {
-                tracing::debug!("lock call succeeded");
-                return Ok(Reply { body: None, date });
-            }
             let invalid = |reason| {
                 Error::InvalidResponse(InvalidResponse {
                     reason,
@@ -297,20 +217,19 @@ impl Transport {
                     request_id: request_id.to_owned(),
                 })
             };
-            let (bytes, complete) = read_body(&mut response, MAX_SUCCESS_BODY, request_id).await?;
-            if !complete {
-                return Err(invalid(InvalidReason::TooLarge));
-            }
-            return match json_object(&bytes) {
-                Some(map) => {
-                    tracing::debug!("lock call succeeded");
-                    Ok(Reply {
-                        body: Some(map),
-                        date,
-                    })
+            let body = if O::HAS_BODY {
+                let (bytes, complete) =
+                    read_body(&mut response, MAX_SUCCESS_BODY, request_id).await?;
+                if !complete {
+                    return Err(invalid(InvalidReason::TooLarge));
                 }
-                None => Err(invalid(InvalidReason::NotAnObject)),
+                Some(json_object(&bytes).ok_or_else(|| invalid(InvalidReason::NotAnObject))?)
+            } else {
+                None
             };
+            let value = op.decode(body).map_err(invalid)?;
+            tracing::debug!("lock call succeeded");
+            return Ok(Answer { value, date });
         }
 
         let retry_after = response
@@ -357,11 +276,6 @@ fn http_date(value: &str) -> Option<DateTime<Utc>> {
 /// Whether a retry's error tells the caller where ownership stands.
 fn settles(err: &Error) -> bool {
     matches!(err, Error::Conflict(_)) || err.may_have_applied()
-}
-
-fn header_value(value: &str, name: &str) -> Result<HeaderValue> {
-    HeaderValue::from_str(value)
-        .map_err(|_| Error::invalid(format!("{name} must be a UUID string")))
 }
 
 fn transport_error(err: reqwest::Error, request_id: &str) -> Error {

@@ -10,7 +10,7 @@ pub const MIN_TTL: Duration = Duration::from_secs(5);
 /// (90 days).
 pub const MAX_TTL: Duration = Duration::from_secs(7_776_000);
 /// Longest key the service accepts, in bytes (all key characters are ASCII).
-pub const MAX_KEY_LEN: usize = 128;
+pub(crate) const MAX_KEY_LEN: usize = 128;
 
 /// Checks a lock key against `^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$` (whole string).
 pub(crate) fn key(key: &str) -> Result<()> {

@@ -266,7 +266,7 @@ async fn run_call(call: Call, client: Client, server: Arc<MockServer>, world: Ar
                 scope = scope.wait(Duration::from_millis(ms));
             }
             if let Err(Error::Conflict(api)) = scope.await {
-                if api.code() == Some(volcano::CODE_OWNERSHIP_LOST) {
+                if api.code() == Some(volcano::codes::OWNERSHIP_LOST) {
                     world.violation(format!(
                         "(c) with_lock on {key} ended with a release refused as ownership lost"
                     ));

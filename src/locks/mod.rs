@@ -17,13 +17,14 @@ use std::pin::Pin;
 use std::time::Duration;
 
 use crate::client::Client;
-use crate::error::{Error, InvalidReason, InvalidResponse, Result};
-use crate::transport::{Call, Op, Reply};
+use crate::error::{Error, Result};
+use crate::ops::{self, Operation};
+use crate::transport::{Answer, Timing};
 use crate::validate;
 use lease::{LockLease, LockState};
 
 /// The boxed future behind each builder's `.await`.
-pub type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
+pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
 /// The lock API of a [`Client`]: cheap to clone, `Send + Sync + 'static`.
 ///
@@ -187,27 +188,23 @@ impl Common {
         }
     }
 
-    /// Sends one call; `window` bounds the tries of a waiting acquire.
-    async fn send(
+    /// Sends one operation; `window` bounds the tries of a waiting acquire.
+    async fn send<O: Operation>(
         &self,
-        op: Op,
-        key: &str,
-        token: Option<&str>,
+        op: &O,
         request_id: &str,
-        ttl_secs: Option<u64>,
         window: wait::Window,
-    ) -> Result<Reply> {
-        let call = Call {
-            op,
-            key,
-            token,
-            request_id,
-            ttl_secs,
+    ) -> Result<Answer<O::Output>> {
+        let timing = Timing {
             timeout: self.timeout,
             send_by: window.send_by,
             answer_by: window.answer_by,
         };
-        self.locks.client.transport().execute(&call).await
+        self.locks
+            .client
+            .transport()
+            .send(op, request_id, timing)
+            .await
     }
 }
 
@@ -239,21 +236,6 @@ macro_rules! common_methods {
             }
         }
     };
-}
-
-fn invalid_response(reason: InvalidReason, status: u16, request_id: String) -> Error {
-    Error::InvalidResponse(InvalidResponse {
-        reason,
-        status,
-        request_id,
-    })
-}
-
-/// The body of a success that carries one; the transport guarantees it.
-fn expect_body(
-    body: Option<serde_json::Map<String, serde_json::Value>>,
-) -> serde_json::Map<String, serde_json::Value> {
-    body.unwrap_or_default()
 }
 
 /// A lease as a guard needs it: when it was asked for, and what the server
@@ -539,23 +521,16 @@ impl Acquire {
     ) -> Result<Measured> {
         let sent_at = self.common.locks.client.lease_clock().now();
         undo.sending();
+        let op = ops::Acquire {
+            key: &self.key,
+            token,
+            ttl_secs: ttl,
+        };
         let result = self
             .common
-            .send(
-                Op::Acquire,
-                &self.key,
-                Some(token),
-                request_id,
-                Some(ttl),
-                window,
-            )
+            .send(&op, request_id, window)
             .await
-            .and_then(|reply| {
-                let lease =
-                    LockLease::decode(self.key.clone(), token.to_owned(), &expect_body(reply.body))
-                        .map_err(|r| invalid_response(r, 201, request_id.to_owned()))?;
-                Ok(Measured::new(lease, sent_at, reply.date))
-            });
+            .map(|answer| Measured::new(answer.value, sent_at, answer.date));
         undo.answered(&result);
         let measured = result?;
         tracing::debug!(
@@ -591,26 +566,16 @@ impl Renew {
         validate::uuid("token", self.lease.token())?;
         self.common.check_timeout()?;
         let request_id = self.common.request_id()?;
-        let lease = self.lease;
         let sent_at = self.common.locks.client.lease_clock().now();
-        let reply = self
+        let op = ops::Renew {
+            lease: &self.lease,
+            ttl_secs: ttl,
+        };
+        let answer = self
             .common
-            .send(
-                Op::Renew,
-                lease.key(),
-                Some(lease.token()),
-                &request_id,
-                Some(ttl),
-                wait::Window::default(),
-            )
+            .send(&op, &request_id, Default::default())
             .await?;
-        let renewed = LockLease::decode(
-            lease.key().to_owned(),
-            lease.token().to_owned(),
-            &expect_body(reply.body),
-        )
-        .map_err(|r| invalid_response(r, 200, request_id))?;
-        Ok(Measured::new(renewed, sent_at, reply.date))
+        Ok(Measured::new(answer.value, sent_at, answer.date))
     }
 }
 
@@ -629,19 +594,12 @@ impl Get {
         validate::key(&self.key)?;
         self.common.check_timeout()?;
         let request_id = self.common.request_id()?;
-        let reply = self
+        let op = ops::Get { key: &self.key };
+        let answer = self
             .common
-            .send(
-                Op::Get,
-                &self.key,
-                None,
-                &request_id,
-                None,
-                Default::default(),
-            )
+            .send(&op, &request_id, Default::default())
             .await?;
-        LockState::decode(&expect_body(reply.body))
-            .map_err(|r| invalid_response(r, 200, request_id))
+        Ok(answer.value)
     }
 }
 
@@ -661,15 +619,9 @@ impl Release {
         validate::uuid("token", self.lease.token())?;
         self.common.check_timeout()?;
         let request_id = self.common.request_id()?;
+        let op = ops::Release { lease: &self.lease };
         self.common
-            .send(
-                Op::Release,
-                self.lease.key(),
-                Some(self.lease.token()),
-                &request_id,
-                None,
-                Default::default(),
-            )
+            .send(&op, &request_id, Default::default())
             .await?;
         tracing::debug!(
             key = self.lease.key(),
@@ -696,15 +648,9 @@ impl ForceRelease {
         validate::key(&self.key)?;
         self.common.check_timeout()?;
         let request_id = self.common.request_id()?;
+        let op = ops::ForceRelease { key: &self.key };
         self.common
-            .send(
-                Op::ForceRelease,
-                &self.key,
-                None,
-                &request_id,
-                None,
-                Default::default(),
-            )
+            .send(&op, &request_id, Default::default())
             .await?;
         tracing::info!(key = %self.key, request_id, "lock force-released");
         Ok(())
