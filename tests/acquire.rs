@@ -71,15 +71,17 @@ async fn retry_then_succeed(first: ResponseTemplate, caller_ids: bool) {
     }
 }
 
+/// Protocol scenario 1.
 #[tokio::test]
-async fn scenario_1_timeout_then_success_retries_with_identical_request() {
+async fn timeout_then_success_retries_with_identical_request() {
     let slow = lease_body(201, 7).set_delay(Duration::from_secs(3));
     retry_then_succeed(slow.clone(), false).await;
     retry_then_succeed(slow, true).await;
 }
 
+/// Protocol scenarios 2, 3.
 #[tokio::test]
-async fn scenario_2_and_3_503_then_success_retries_with_identical_request() {
+async fn a_503_then_success_retries_with_identical_request() {
     let unavailable = error_body(
         503,
         "Lock service unavailable",
@@ -107,8 +109,9 @@ async fn assert_undone_if(client: &volcano::Client, server: &wiremock::MockServe
     }
 }
 
+/// Protocol scenario 4.
 #[tokio::test]
-async fn scenario_4_other_statuses_are_not_retried() {
+async fn other_statuses_are_not_retried() {
     for status in [400u16, 401, 403, 404, 409, 429, 500, 502, 504] {
         let server = server().await;
         Mock::given(method("POST"))
@@ -130,8 +133,9 @@ async fn scenario_4_other_statuses_are_not_retried() {
     }
 }
 
+/// Protocol scenario 5.
 #[tokio::test]
-async fn scenario_5_503_twice_gives_up_after_two_attempts() {
+async fn a_503_twice_gives_up_after_two_attempts() {
     let server = server().await;
     Mock::given(method("POST"))
         .respond_with(error_body(
@@ -154,8 +158,9 @@ async fn scenario_5_503_twice_gives_up_after_two_attempts() {
     assert_undone_if(&client, &server, true).await;
 }
 
+/// Protocol scenario 6.
 #[tokio::test]
-async fn scenario_6_two_dropped_connections_give_transport_error_after_two_identical_requests() {
+async fn two_dropped_connections_give_transport_error_after_two_identical_requests() {
     let dropper = Dropper::start().await;
     let err = client(&dropper.url)
         .locks()
@@ -173,8 +178,9 @@ async fn scenario_6_two_dropped_connections_give_transport_error_after_two_ident
     assert!(requests[0].contains(TOKEN));
 }
 
+/// Protocol scenario 7.
 #[tokio::test]
-async fn scenario_7_bad_token_or_request_id_sends_nothing() {
+async fn bad_token_or_request_id_sends_nothing() {
     let server = server().await;
     let locks = client(&server.uri()).locks();
     for bad in ["", "not-a-uuid", "123e4567e89b12d3a456426614174000"] {
@@ -245,8 +251,9 @@ async fn ttl_bounds_are_accepted() {
     );
 }
 
+/// Protocol scenario 18.
 #[tokio::test]
-async fn scenario_18_null_body_is_retried_then_reported() {
+async fn null_body_is_retried_then_reported() {
     let server = server().await;
     Mock::given(method("POST"))
         .respond_with(ResponseTemplate::new(201).set_body_string("null"))
@@ -263,8 +270,9 @@ async fn scenario_18_null_body_is_retried_then_reported() {
     assert_undone_if(&client, &server, true).await;
 }
 
+/// Protocol scenario 19.
 #[tokio::test]
-async fn scenario_19_missing_fields_are_not_retried() {
+async fn missing_fields_are_not_retried() {
     for (body, reason) in [
         (
             serde_json::json!({"expires_at": EXPIRES_AT}),

@@ -12,8 +12,9 @@ use volcano_mock_server::{Fault, MockServer, Operation};
 const TOKEN: &str = "0B6F1A43-5B52-4F4E-9D51-1F6C3C7E2A10";
 const RID: &str = "6d0c8f5e-1f0a-4b7e-9f43-6a1d2b3c4d5e";
 
+/// Protocol scenario 59.
 #[tokio::test]
-async fn scenario_59_acquire_release_acquire_again_with_a_new_token() {
+async fn acquire_release_acquire_again_with_a_new_token() {
     let server = MockServer::start().await;
     let locks = mock_client(&server).locks();
     let first = locks
@@ -31,8 +32,9 @@ async fn scenario_59_acquire_release_acquire_again_with_a_new_token() {
     assert!(server.locks().is_empty());
 }
 
+/// Protocol scenario 60.
 #[tokio::test]
-async fn scenario_60_recovery_with_caller_token_and_request_id() {
+async fn recovery_with_caller_token_and_request_id() {
     let server = MockServer::start().await;
     let locks = mock_client(&server).locks();
     let ttl = Duration::from_secs(30);
@@ -65,8 +67,9 @@ async fn scenario_60_recovery_with_caller_token_and_request_id() {
     assert!(renewed.expires_at() > recovered.expires_at());
 }
 
+/// Protocol scenario 61.
 #[tokio::test]
-async fn scenario_61_force_release_then_reacquire_with_higher_fence() {
+async fn force_release_then_reacquire_with_higher_fence() {
     let server = MockServer::start().await;
     let locks = mock_client(&server).locks();
     let ttl = Duration::from_secs(30);

@@ -28,8 +28,9 @@ fn reason(err: &Error) -> InvalidReason {
     }
 }
 
+/// Protocol scenario 9.
 #[tokio::test]
-async fn scenario_9_non_object_bodies() {
+async fn non_object_bodies() {
     for body in ["[]", "null", "\"held\"", "42", "", "not json", "{\"held\":"] {
         let err = get_with(body).await.unwrap_err();
         assert_eq!(reason(&err), InvalidReason::NotAnObject, "{body:?}");
@@ -38,8 +39,9 @@ async fn scenario_9_non_object_bodies() {
     }
 }
 
+/// Protocol scenarios 10, 21.
 #[tokio::test]
-async fn scenario_10_and_21_held_must_be_a_boolean() {
+async fn held_must_be_a_boolean() {
     for body in [
         r#"{"held":"yes"}"#,
         r#"{"held":1}"#,
@@ -51,8 +53,9 @@ async fn scenario_10_and_21_held_must_be_a_boolean() {
     }
 }
 
+/// Protocol scenarios 11, 12.
 #[tokio::test]
-async fn scenario_11_and_12_free_lock_states() {
+async fn free_lock_states() {
     let state = get_with(r#"{"held":false}"#).await.unwrap();
     assert_eq!(
         (state.held(), state.expires_at(), state.fencing_token()),
@@ -65,8 +68,9 @@ async fn scenario_11_and_12_free_lock_states() {
     assert!(!state.held());
 }
 
+/// Protocol scenarios 13, 14, 16, 17.
 #[tokio::test]
-async fn scenario_13_14_16_17_held_state_needs_valid_expiry_and_fencing_token() {
+async fn held_state_needs_valid_expiry_and_fencing_token() {
     let cases = [
         (r#"{"held":true,"fencing_token":1}"#, InvalidReason::Expiry),
         (
@@ -155,8 +159,9 @@ async fn i64_max_fencing_token_round_trips_and_beyond_is_rejected() {
     assert!(client.shutdown(Duration::from_secs(10)).await.is_empty());
 }
 
+/// Protocol scenario 20.
 #[tokio::test]
-async fn scenario_20_renew_without_expiry_is_invalid_and_not_retried() {
+async fn renew_without_expiry_is_invalid_and_not_retried() {
     let server = server().await;
     Mock::given(method("PATCH"))
         .respond_with(

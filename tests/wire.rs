@@ -107,8 +107,9 @@ async fn all_five_operations_send_exact_method_path_headers_and_body() {
     }
 }
 
+/// Protocol scenario 25.
 #[tokio::test]
-async fn scenario_25_fresh_request_id_per_call() {
+async fn fresh_request_id_per_call() {
     let server = server().await;
     Mock::given(method("GET"))
         .respond_with(ResponseTemplate::new(200).set_body_json(serde_json::json!({"held": false})))
@@ -165,8 +166,9 @@ async fn api_url_path_prefix_is_kept_and_one_trailing_slash_dropped() {
     }
 }
 
+/// Protocol scenario 22.
 #[tokio::test]
-async fn scenario_22_no_service_key_fails_locally_for_every_operation() {
+async fn no_service_key_fails_locally_for_every_operation() {
     let server = server().await;
     let locks = Client::builder()
         .anon_key(ANON_KEY)

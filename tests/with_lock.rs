@@ -47,8 +47,9 @@ fn lost_reason(err: &JobError) -> LostReason {
     }
 }
 
+/// Protocol scenario 33.
 #[tokio::test]
-async fn scenario_33_returns_the_value_and_releases_with_the_acquired_token() {
+async fn returns_the_value_and_releases_with_the_acquired_token() {
     let server = happy_server().await;
     let client = client(&server.uri());
     let value = client
@@ -79,8 +80,9 @@ async fn scenario_33_returns_the_value_and_releases_with_the_acquired_token() {
     assert_eq!(client.active_renewals(), 0);
 }
 
+/// Protocol scenario 32.
 #[tokio::test]
-async fn scenario_32_the_closures_error_propagates_and_release_still_happens() {
+async fn the_closures_error_propagates_and_release_still_happens() {
     let server = happy_server().await;
     let err = client(&server.uri())
         .locks()
@@ -93,8 +95,9 @@ async fn scenario_32_the_closures_error_propagates_and_release_still_happens() {
     assert_eq!(methods(&server).await, ["POST", "DELETE"]);
 }
 
+/// Protocol scenario 34.
 #[tokio::test]
-async fn scenario_34_short_ttl_sends_nothing() {
+async fn short_ttl_sends_nothing() {
     let server = server().await;
     let ran = AtomicBool::new(false);
     let err = client(&server.uri())
@@ -128,8 +131,9 @@ async fn contention_is_a_conflict_and_the_closure_does_not_run() {
     assert_eq!(methods(&server).await, ["POST"]);
 }
 
+/// Protocol scenario 27.
 #[tokio::test]
-async fn scenario_27_slow_acquire_renews_before_running_the_closure() {
+async fn slow_acquire_renews_before_running_the_closure() {
     let server = server().await;
     let clock = LeaseClock::adjustable();
     let slow = AdvanceThen {
@@ -151,8 +155,9 @@ async fn scenario_27_slow_acquire_renews_before_running_the_closure() {
     assert_eq!(methods(&server).await, ["POST", "PATCH", "DELETE"]);
 }
 
+/// Protocol scenario 28.
 #[tokio::test]
-async fn scenario_28_rejected_pre_run_renewal_skips_the_closure_and_releases() {
+async fn rejected_pre_run_renewal_skips_the_closure_and_releases() {
     let server = server().await;
     let clock = LeaseClock::adjustable();
     let slow = AdvanceThen {
@@ -187,8 +192,9 @@ async fn scenario_28_rejected_pre_run_renewal_skips_the_closure_and_releases() {
     assert_eq!(methods(&server).await, ["POST", "PATCH", "DELETE"]);
 }
 
+/// Protocol scenario 29.
 #[tokio::test]
-async fn scenario_29_pre_run_renewal_without_a_safe_window_skips_the_closure() {
+async fn pre_run_renewal_without_a_safe_window_skips_the_closure() {
     let server = server().await;
     let clock = LeaseClock::adjustable();
     mount(
@@ -226,8 +232,9 @@ async fn scenario_29_pre_run_renewal_without_a_safe_window_skips_the_closure() {
     assert_eq!(methods(&server).await, ["POST", "PATCH", "DELETE"]);
 }
 
+/// Protocol scenario 30.
 #[tokio::test]
-async fn scenario_30_background_renewal_updates_the_lease_and_release_uses_it() {
+async fn background_renewal_updates_the_lease_and_release_uses_it() {
     let server = happy_server().await;
     let clock = LeaseClock::adjustable();
     let client = client_with_clock(&server.uri(), &clock);
@@ -268,8 +275,9 @@ async fn scenario_30_background_renewal_updates_the_lease_and_release_uses_it() 
     assert_eq!(client.active_renewals(), 0);
 }
 
+/// Protocol scenario 31.
 #[tokio::test]
-async fn scenario_31_definitive_renewal_failure_marks_lost_and_is_reported_after_the_closure() {
+async fn definitive_renewal_failure_marks_lost_and_is_reported_after_the_closure() {
     let server = server().await;
     mount(&server, "POST", lease_body(201, 7)).await;
     mount(&server, "PATCH", error_body(403, "forbidden", None)).await;
@@ -351,8 +359,9 @@ async fn transient_renewal_failures_are_retried_within_the_window() {
     );
 }
 
+/// Protocol scenario 35.
 #[tokio::test]
-async fn scenario_35_renewal_that_hangs_past_the_deadline_loses_the_lock_in_time() {
+async fn renewal_that_hangs_past_the_deadline_loses_the_lock_in_time() {
     let server = server().await;
     mount(&server, "POST", lease_body(201, 7)).await;
     mount(
@@ -390,8 +399,9 @@ async fn scenario_35_renewal_that_hangs_past_the_deadline_loses_the_lock_in_time
     );
 }
 
+/// Protocol scenario 36.
 #[tokio::test]
-async fn scenario_36_hung_renewal_does_not_hold_up_a_finished_closure() {
+async fn hung_renewal_does_not_hold_up_a_finished_closure() {
     let server = server().await;
     mount(&server, "POST", lease_body(201, 7)).await;
     mount(
@@ -431,8 +441,9 @@ async fn scenario_36_hung_renewal_does_not_hold_up_a_finished_closure() {
     assert_eq!(client.active_renewals(), 0);
 }
 
+/// Protocol scenarios 37–41.
 #[tokio::test]
-async fn scenario_37_to_41_suspend_beyond_the_ttl_is_noticed_without_any_task() {
+async fn suspend_beyond_the_ttl_is_noticed_without_any_task() {
     let server = happy_server().await;
     let clock = LeaseClock::adjustable();
     let err = client_with_clock(&server.uri(), &clock)
@@ -460,8 +471,9 @@ async fn scenario_37_to_41_suspend_beyond_the_ttl_is_noticed_without_any_task() 
     );
 }
 
+/// Protocol scenario 43.
 #[tokio::test]
-async fn scenario_43_slow_release_after_the_closure_is_not_an_expiry() {
+async fn slow_release_after_the_closure_is_not_an_expiry() {
     let server = server().await;
     let clock = LeaseClock::adjustable();
     mount(&server, "POST", lease_body(201, 7)).await;
@@ -483,8 +495,9 @@ async fn scenario_43_slow_release_after_the_closure_is_not_an_expiry() {
     assert_eq!(value, "done");
 }
 
+/// Protocol scenarios 46–49.
 #[tokio::test]
-async fn scenario_46_to_49_outcome_precedence() {
+async fn outcome_precedence() {
     async fn run(mark: bool, fail: bool) -> Result<&'static str, JobError> {
         let server = server().await;
         mount(&server, "POST", lease_body(201, 7)).await;
@@ -586,8 +599,9 @@ async fn a_definitive_release_failure_is_not_retried() {
     assert_eq!(methods(&server).await, ["POST", "DELETE"]);
 }
 
+/// Protocol scenario 54.
 #[tokio::test]
-async fn scenario_54_lost_wakes_on_mark_lost_and_all_signals_agree() {
+async fn lost_wakes_on_mark_lost_and_all_signals_agree() {
     let server = happy_server().await;
     client(&server.uri())
         .locks()
@@ -620,8 +634,9 @@ async fn scenario_54_lost_wakes_on_mark_lost_and_all_signals_agree() {
         .unwrap_err();
 }
 
+/// Protocol scenario 56.
 #[tokio::test]
-async fn scenario_56_a_loss_recorded_while_waiting_means_no_renewal_is_sent() {
+async fn a_loss_recorded_while_waiting_means_no_renewal_is_sent() {
     let server = happy_server().await;
     let clock = LeaseClock::adjustable();
     let client = client_with_clock(&server.uri(), &clock);
