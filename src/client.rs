@@ -51,9 +51,9 @@ struct Inner {
     renewals: Arc<AtomicUsize>,
     /// Releases running in the background, for `shutdown`.
     background: Arc<Background>,
-    /// Required at construction, as in the other SDKs; lock calls never send it.
+    /// Kept for the other Volcano APIs; lock calls never send it.
     #[allow(dead_code)]
-    anon_key: String,
+    anon_key: Option<String>,
 }
 
 impl Client {
@@ -74,9 +74,9 @@ impl Client {
         ClientBuilder::default()
     }
 
-    /// Builds a client from `VOLCANO_ANON_KEY`, `VOLCANO_SERVICE_KEY` and
-    /// `VOLCANO_API_URL` (default `https://api.volcano.dev`). Empty variables
-    /// count as unset.
+    /// Builds a client from `VOLCANO_SERVICE_KEY` (required),
+    /// `VOLCANO_ANON_KEY` (optional) and `VOLCANO_API_URL` (default
+    /// `https://api.volcano.dev`). Empty variables count as unset.
     ///
     /// ```no_run
     /// # fn main() -> Result<(), volcano::Error> {
@@ -90,12 +90,16 @@ impl Client {
     pub(crate) fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Client> {
         let get = |name: &str| lookup(name).filter(|v| !v.is_empty());
         let mut builder = Client::builder();
-        match get(ENV_ANON_KEY) {
-            Some(anon) => builder = builder.anon_key(anon),
-            None => return Err(Error::invalid(format!("{ENV_ANON_KEY} is not set"))),
+        match get(ENV_SERVICE_KEY) {
+            Some(key) => builder = builder.service_key(key),
+            None => {
+                return Err(Error::invalid(format!(
+                    "{ENV_SERVICE_KEY} is not set: lock calls need the service-role key"
+                )))
+            }
         }
-        if let Some(key) = get(ENV_SERVICE_KEY) {
-            builder = builder.service_key(key);
+        if let Some(anon) = get(ENV_ANON_KEY) {
+            builder = builder.anon_key(anon);
         }
         if let Some(url) = get(ENV_API_URL) {
             builder = builder.api_url(url);
@@ -211,15 +215,11 @@ impl fmt::Debug for Client {
         f.debug_struct("Client")
             .field("api_url", &transport.base_url())
             .field("timeout", &transport.timeout())
-            .field("anon_key", &"[redacted]")
             .field(
-                "service_key",
-                &if transport.has_service_key() {
-                    "[redacted]"
-                } else {
-                    "[none]"
-                },
+                "anon_key",
+                &self.inner.anon_key.as_ref().map(|_| "[redacted]"),
             )
+            .field("service_key", &"[redacted]")
             .finish()
     }
 }
@@ -318,14 +318,14 @@ pub struct ClientBuilder {
 }
 
 impl ClientBuilder {
-    /// The project's anon key (required, as in the other SDKs; lock calls do
-    /// not send it).
+    /// The project's anon key (optional: lock calls never send it).
     pub fn anon_key(mut self, key: impl Into<String>) -> Self {
         self.anon_key = Some(key.into());
         self
     }
 
-    /// The service-role key every lock call needs.
+    /// The service-role key every lock call needs (required: `build()`
+    /// fails without it).
     pub fn service_key(mut self, key: impl Into<String>) -> Self {
         self.service_key = Some(key.into());
         self
@@ -360,10 +360,9 @@ impl ClientBuilder {
 
     /// Checks the configuration and builds the client.
     pub fn build(self) -> Result<Client> {
-        let anon_key = self
-            .anon_key
-            .filter(|k| !k.is_empty())
-            .ok_or_else(|| Error::invalid("anon_key is required"))?;
+        if self.anon_key.as_deref() == Some("") {
+            return Err(Error::invalid("anon_key must not be empty"));
+        }
         let timeout = self.timeout.unwrap_or(DEFAULT_TIMEOUT);
         if timeout.is_zero() {
             return Err(Error::invalid("timeout must be greater than zero"));
@@ -372,23 +371,25 @@ impl ClientBuilder {
             self.api_url.as_deref().unwrap_or(DEFAULT_API_URL),
             self.allow_insecure_http,
         )?;
-        let auth = match self.service_key {
-            None => None,
+        let key = match self.service_key {
+            None => {
+                return Err(Error::invalid(
+                    "service_key is required: lock calls need the service-role key",
+                ))
+            }
             Some(key) if key.is_empty() => {
                 return Err(Error::invalid("service_key must not be empty"))
             }
-            Some(key) => {
-                let mut value = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
-                    Error::invalid("service_key contains characters not allowed in a header")
-                })?;
-                value.set_sensitive(true);
-                Some(value)
-            }
+            Some(key) => key,
         };
+        let mut auth = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
+            Error::invalid("service_key contains characters not allowed in a header")
+        })?;
+        auth.set_sensitive(true);
         Ok(Client {
             inner: Arc::new(Inner {
                 transport: Transport::new(base_url, auth, timeout)?,
-                anon_key,
+                anon_key: self.anon_key,
                 lease_clock: self.lease_clock.unwrap_or_default(),
                 renewals: Arc::new(AtomicUsize::new(0)),
                 background: Arc::default(),
@@ -484,9 +485,10 @@ mod tests {
     }
 
     #[test]
-    fn from_lookup_requires_anon_key_and_reads_all_three() {
+    fn from_lookup_requires_the_service_key_and_reads_all_three() {
         let err = Client::from_lookup(|_| None).unwrap_err();
-        assert!(err.to_string().contains(ENV_ANON_KEY), "{err}");
+        assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+        assert!(err.to_string().contains(ENV_SERVICE_KEY), "{err}");
         let client = Client::from_lookup(|name| match name {
             ENV_ANON_KEY => Some("anon".into()),
             ENV_SERVICE_KEY => Some("svc".into()),
@@ -495,13 +497,12 @@ mod tests {
         })
         .unwrap();
         assert_eq!(client.api_url(), "http://127.0.0.1:9");
-        assert!(client.transport().has_service_key());
+        // The anon key is optional; empty variables count as unset.
         let client = Client::from_lookup(|name| match name {
-            ENV_ANON_KEY => Some("anon".into()),
+            ENV_SERVICE_KEY => Some("svc".into()),
             _ => Some(String::new()),
         })
         .unwrap();
         assert_eq!(client.api_url(), DEFAULT_API_URL);
-        assert!(!client.transport().has_service_key());
     }
 }

@@ -22,8 +22,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// Everything that can go wrong in a lock call.
 ///
 /// The variants tell apart four situations a caller handles differently:
-/// - nothing was sent ([`Error::InvalidArgument`], and
-///   [`Error::Authentication`] with `status() == None`);
+/// - nothing was sent ([`Error::InvalidArgument`]);
 /// - the service answered with an error status (the variants carrying an
 ///   [`ApiError`]);
 /// - the request was sent but its outcome is unknown ([`Error::Transport`]):
@@ -52,8 +51,7 @@ pub enum Error {
     /// HTTP 400 or 422: the service rejected the request as malformed.
     #[error("request rejected as invalid ({0})")]
     Validation(ApiError),
-    /// HTTP 401 or 403, or no service key configured (then `status()` is
-    /// `None` and nothing was sent).
+    /// HTTP 401 or 403: the service key was refused (or is the anon key).
     #[error("not authorised ({0})")]
     Authentication(ApiError),
     /// HTTP 404.
@@ -223,16 +221,6 @@ impl ApiError {
     /// `Retry-After` of a 429, in whole seconds.
     pub fn retry_after(&self) -> Option<Duration> {
         self.retry_after
-    }
-
-    pub(crate) fn local(message: &str) -> Self {
-        ApiError {
-            status: None,
-            code: None,
-            message: message.to_owned(),
-            request_id: None,
-            retry_after: None,
-        }
     }
 }
 

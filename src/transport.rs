@@ -54,17 +54,13 @@ pub(crate) struct Answer<T> {
 pub(crate) struct Transport {
     http: reqwest::Client,
     base_url: String,
-    /// `Bearer <service key>`, marked sensitive; `None` if no key is configured.
-    auth: Option<HeaderValue>,
+    /// `Bearer <service key>`, marked sensitive.
+    auth: HeaderValue,
     timeout: Duration,
 }
 
 impl Transport {
-    pub(crate) fn new(
-        base_url: String,
-        auth: Option<HeaderValue>,
-        timeout: Duration,
-    ) -> Result<Self> {
+    pub(crate) fn new(base_url: String, auth: HeaderValue, timeout: Duration) -> Result<Self> {
         let mut headers = HeaderMap::new();
         headers.insert(ACCEPT, HeaderValue::from_static("application/json"));
         // Sent on every request, body or not, as the reference SDKs do.
@@ -91,10 +87,6 @@ impl Transport {
 
     pub(crate) fn timeout(&self) -> Duration {
         self.timeout
-    }
-
-    pub(crate) fn has_service_key(&self) -> bool {
-        self.auth.is_some()
     }
 
     /// Sends `op` (acquire: up to twice) and returns its decoded success.
@@ -172,14 +164,10 @@ impl Transport {
         request_id: &str,
         timeout: Option<Duration>,
     ) -> Result<reqwest::Request> {
-        let auth = self
-            .auth
-            .as_ref()
-            .ok_or_else(|| Error::Authentication(ApiError::local("No service key configured")))?;
         let mut request = self
             .http
             .request(O::METHOD, self.url(op.key(), O::ON_LEASE))
-            .header(AUTHORIZATION, auth.clone())
+            .header(AUTHORIZATION, self.auth.clone())
             .header(REQUEST_ID_HEADER, header_value(request_id, "request_id")?);
         request = op.prepare(request)?;
         if let Some(timeout) = timeout {

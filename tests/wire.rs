@@ -166,33 +166,19 @@ async fn api_url_path_prefix_is_kept_and_one_trailing_slash_dropped() {
     }
 }
 
-/// Protocol scenario 22.
+/// Protocol scenario 22, moved to start-up: a lock client without a service
+/// key is a configuration error, so `build()` refuses it (DESIGN section 3).
 #[tokio::test]
-async fn no_service_key_fails_locally_for_every_operation() {
+async fn no_service_key_fails_at_build_and_nothing_is_sent() {
     let server = server().await;
-    let locks = Client::builder()
+    let err = Client::builder()
         .anon_key(ANON_KEY)
         .api_url(server.uri())
         .build()
-        .unwrap()
-        .locks();
-    let ttl = Duration::from_secs(30);
-    let results = [
-        locks.acquire("k", ttl).await.map(drop),
-        locks.renew(&lease(), ttl).await.map(drop),
-        locks.get("k").await.map(drop),
-        locks.release(&lease()).await,
-        locks.force_release("k").await,
-    ];
-    for result in results {
-        let err = result.unwrap_err();
-        assert!(matches!(err, Error::Authentication(_)), "{err:?}");
-        assert_eq!(err.status(), None);
-        assert!(
-            err.to_string().contains("No service key configured"),
-            "{err}"
-        );
-    }
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+    assert_eq!(err.status(), None);
+    assert!(err.to_string().contains("service_key"), "{err}");
     assert!(received(&server).await.is_empty());
 }
 
@@ -274,8 +260,14 @@ async fn insecure_http_is_refused_for_remote_hosts() {
         .allow_insecure_http(true)
         .build()
         .expect("explicit opt-in");
+    // The anon key is optional (lock calls never send it).
+    Client::builder()
+        .service_key(SERVICE_KEY)
+        .build()
+        .expect("no anon key needed");
     let err = Client::builder()
         .service_key(SERVICE_KEY)
+        .anon_key("")
         .build()
         .unwrap_err();
     assert!(err.to_string().contains("anon_key"), "{err}");

@@ -198,17 +198,17 @@ async fn main() -> ExitCode {
 
 async fn run(cli: Cli) -> Result<Value, Failure> {
     let mut builder = Client::builder().api_url(&cli.api_url).timeout(cli.timeout);
-    match cli.anon_key {
-        Some(key) => builder = builder.anon_key(key),
+    match cli.service_key {
+        Some(key) => builder = builder.service_key(key),
         None => {
             return Err(fail(
                 exit::INVALID,
-                "no anon key: set VOLCANO_ANON_KEY or pass --anon-key",
+                "no service key: set VOLCANO_SERVICE_KEY or pass --service-key",
             ))
         }
     }
-    if let Some(key) = cli.service_key {
-        builder = builder.service_key(key);
+    if let Some(key) = cli.anon_key {
+        builder = builder.anon_key(key);
     }
     let locks = builder.build()?.locks();
     let Command::Locks(command) = cli.command;
