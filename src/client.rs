@@ -1,16 +1,15 @@
 //! `Client`, its builder, and configuration from the environment.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::net::IpAddr;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
+use reqwest::header::HeaderValue;
 use tokio::sync::watch;
 
-use reqwest::header::HeaderValue;
-
+use crate::background::Background;
 use crate::error::{Error, Result};
 use crate::locks::{BoxFuture, LeaseClock, Locks};
 use crate::transport::Transport;
@@ -221,88 +220,6 @@ impl fmt::Debug for Client {
             )
             .field("service_key", &"[redacted]")
             .finish()
-    }
-}
-
-/// The releases a client runs in the background.
-#[derive(Default)]
-struct Background {
-    next: AtomicU64,
-    running: Mutex<HashMap<u64, Running>>,
-    /// How many are running; `shutdown` waits for zero.
-    count: watch::Sender<usize>,
-}
-
-/// One background release, as the registry sees it.
-struct Running {
-    key: String,
-    /// Held only to match a later acquire with the same token; never logged.
-    token: String,
-    superseded: watch::Sender<bool>,
-    finished: watch::Receiver<bool>,
-}
-
-impl Background {
-    fn register(self: &Arc<Self>, key: &str, token: &str) -> (Pending, watch::Receiver<bool>) {
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
-        let (superseded, superseded_rx) = watch::channel(false);
-        let (finished, finished_rx) = watch::channel(false);
-        self.lock().insert(
-            id,
-            Running {
-                key: key.to_owned(),
-                token: token.to_owned(),
-                superseded,
-                finished: finished_rx,
-            },
-        );
-        self.count.send_modify(|n| *n += 1);
-        let pending = Pending {
-            background: self.clone(),
-            id,
-            finished,
-        };
-        (pending, superseded_rx)
-    }
-
-    fn supersede(&self, key: &str, token: &str) -> Vec<watch::Receiver<bool>> {
-        let running = self.lock();
-        running
-            .values()
-            .filter(|r| r.key == key && r.token.eq_ignore_ascii_case(token))
-            .map(|r| {
-                r.superseded.send_replace(true);
-                r.finished.clone()
-            })
-            .collect()
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Running>> {
-        self.running.lock().unwrap_or_else(|p| p.into_inner())
-    }
-
-    async fn wait_idle(&self, timeout: Duration) -> Vec<String> {
-        let mut count = self.count.subscribe();
-        let _ = tokio::time::timeout(timeout, count.wait_for(|n| *n == 0)).await;
-        let mut keys: Vec<String> = self.lock().values().map(|r| r.key.clone()).collect();
-        keys.sort();
-        keys
-    }
-}
-
-/// One background release; finished (or dropped with its runtime) when
-/// this is dropped.
-struct Pending {
-    background: Arc<Background>,
-    id: u64,
-    finished: watch::Sender<bool>,
-}
-
-impl Drop for Pending {
-    fn drop(&mut self) {
-        self.background.lock().remove(&self.id);
-        self.finished.send_replace(true);
-        self.background.count.send_modify(|n| *n -= 1);
     }
 }
 

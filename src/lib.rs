@@ -31,6 +31,7 @@
 #![deny(missing_docs)]
 #![warn(unreachable_pub, missing_debug_implementations)]
 
+mod background;
 mod client;
 mod error;
 mod locks;

@@ -177,3 +177,25 @@ pub(crate) fn in_background(
             })
         });
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn transient_errors_are_told_apart() {
+        let api = |status| crate::ApiError {
+            status: Some(status),
+            code: None,
+            message: String::new(),
+            request_id: None,
+            retry_after: None,
+        };
+        for status in [429, 500, 502, 503, 504] {
+            assert!(is_transient(&Error::from_status(api(status))), "{status}");
+        }
+        for status in [400, 401, 403, 404, 409, 501, 418] {
+            assert!(!is_transient(&Error::from_status(api(status))), "{status}");
+        }
+    }
+}

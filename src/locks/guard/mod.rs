@@ -1,0 +1,36 @@
+//! Scoped locks: `with_lock`, [`LockGuard`], and the renewal task.
+//!
+//! The guard keeps its own deadline on the lease clock, measured from just
+//! before each acquire or renew was sent: the server cannot have started the
+//! lease earlier, so the local deadline never falls after the server's
+//! expiry.
+//!
+//! How long a lease lasts is the lesser of the ttl asked for and what the
+//! server says it granted. The server may grant less (the 90-day cap of the
+//! original acquisition, which a recovering `.token(T)` cannot see). That
+//! grant is measured on the server's clock alone, `expires_at` minus the
+//! answer's `Date` less a second for `Date`'s rounding, and applied from
+//! the local send time; the server's clock is never compared with this
+//! machine's, so skew between them cannot lengthen the deadline.
+//!
+//! One concept a file: [`state`] (the deadline and the lost-ownership
+//! signal), [`renewal`] (the background renewal task), [`handle`] (the
+//! [`LockGuard`] a closure gets) and [`with_lock`] (the scoped-lock driver).
+
+mod handle;
+mod renewal;
+mod state;
+mod with_lock;
+
+use std::time::Duration;
+
+pub use handle::LockGuard;
+pub use with_lock::WithLock;
+
+/// The server needs a renewal more than this long before expiry.
+const SAFETY_MARGIN: Duration = Duration::from_secs(1);
+/// Time allowed for one renewal request to arrive.
+const REQUEST_BUDGET: Duration = Duration::from_secs(1);
+/// Longest sleep between two looks at the deadline (a suspended machine
+/// wakes its timers late; the lease clock does not lag).
+const CHECK_INTERVAL: Duration = Duration::from_secs(1);

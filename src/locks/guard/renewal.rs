@@ -1,0 +1,171 @@
+//! The background renewal task: renews at about ttl/3, retries transient
+//! failures inside the safe window, and records a loss when it must stop.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use backon::{BackoffBuilder, ExponentialBuilder};
+
+use super::state::State;
+use super::{REQUEST_BUDGET, SAFETY_MARGIN};
+use crate::error::{LockLost, LostReason};
+use crate::locks::release::is_transient;
+use crate::locks::Locks;
+use crate::validate;
+
+/// Renewals are never further apart than this.
+const MAX_RENEW_DELAY: Duration = Duration::from_secs(60);
+/// A renewal attempt with less time than this left is not sent.
+const MIN_ATTEMPT: Duration = Duration::from_millis(100);
+const BACKOFF_MIN: Duration = Duration::from_millis(100);
+const BACKOFF_MAX: Duration = Duration::from_secs(2);
+
+/// Delay before the next renewal (protocol 5.3): about ttl/3, at most 60 s,
+/// ±10 % jitter (`u` uniform in [0, 1)), and never later than 2 s before
+/// the local deadline (`remaining` from now). Zero means renew now.
+pub(super) fn renewal_delay(ttl: Duration, remaining: Duration, u: f64) -> Duration {
+    let base = (ttl / 3).min(MAX_RENEW_DELAY);
+    let latest = remaining.saturating_sub(SAFETY_MARGIN + REQUEST_BUDGET);
+    let delay = base.min(latest).mul_f64(0.9 + 0.2 * u.clamp(0.0, 1.0));
+    delay.min(latest)
+}
+
+/// Renews until it succeeds, the lease is definitively refused, or no
+/// attempt can arrive in time. Each attempt's timeout ends where the safe
+/// window ends; transient failures back off with jitter.
+pub(super) async fn renew_in_window(state: &State, locks: &Locks) -> Result<(), LockLost> {
+    let mut backoff = ExponentialBuilder::default()
+        .with_min_delay(BACKOFF_MIN)
+        .with_max_delay(BACKOFF_MAX)
+        .with_jitter()
+        .without_max_times()
+        .build();
+    let mut last_error = None;
+    loop {
+        if state.check() {
+            return Err(state.failure().expect("a checked loss is recorded"));
+        }
+        let renew_by = state.deadline().saturating_sub(SAFETY_MARGIN);
+        let budget = renew_by.saturating_sub(state.clock.now());
+        if budget < MIN_ATTEMPT {
+            let lost = LockLost::new(state.key.clone(), LostReason::Expired);
+            return Err(match last_error {
+                Some(err) => lost.with_cause(err),
+                None => lost,
+            });
+        }
+        let lease = state.lease();
+        let request_id = validate::new_uuid();
+        let result = locks
+            .renew(&lease, state.ttl)
+            .request_id(request_id.clone())
+            .timeout(budget.min(locks.client().timeout()))
+            .send_measured()
+            .await;
+        match result {
+            Ok(renewed) => {
+                tracing::debug!(
+                    key = %state.key,
+                    fencing_token = renewed.lease.fencing_token(),
+                    request_id,
+                    "lock renewed"
+                );
+                return state.renewed(renewed);
+            }
+            Err(err) if is_transient(&err) => {
+                let wait = backoff
+                    .next()
+                    .unwrap_or(BACKOFF_MAX)
+                    .max(err.retry_after().unwrap_or_default());
+                // `Retry-After` is the server's number: it may be huge.
+                if state
+                    .clock
+                    .now()
+                    .saturating_add(wait)
+                    .saturating_add(MIN_ATTEMPT)
+                    > renew_by
+                {
+                    return Err(
+                        LockLost::new(state.key.clone(), LostReason::Expired).with_cause(err)
+                    );
+                }
+                tracing::info!(
+                    key = %state.key,
+                    fencing_token = lease.fencing_token(),
+                    request_id,
+                    error = %err,
+                    retry_in_ms = wait.as_millis() as u64,
+                    "renewal failed; retrying"
+                );
+                last_error = Some(err);
+                if !state.sleep_while_held(state.clock.now() + wait).await {
+                    return Err(state.failure().expect("a checked loss is recorded"));
+                }
+            }
+            Err(err) => {
+                return Err(
+                    LockLost::new(state.key.clone(), LostReason::RenewalFailed).with_cause(err)
+                )
+            }
+        }
+    }
+}
+
+/// Decrements the client's live-renewal count when the task ends or is
+/// aborted.
+pub(super) struct LiveRenewal(pub(super) Arc<AtomicUsize>);
+
+impl Drop for LiveRenewal {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
+}
+
+/// Renews at each due time (`next_at`, a lease-clock reading fixed when the
+/// lease was obtained, not when the task first runs) until the lock is lost
+/// or the task is aborted.
+pub(super) async fn renewal_task(
+    state: Arc<State>,
+    locks: Locks,
+    mut next_at: Duration,
+    _live: LiveRenewal,
+) {
+    loop {
+        if !state.sleep_while_held(next_at).await {
+            return;
+        }
+        if let Err(lost) = renew_in_window(&state, &locks).await {
+            state.mark(lost);
+            return;
+        }
+        next_at = state.next_renewal_at();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: fn(u64) -> Duration = Duration::from_secs;
+
+    #[test]
+    fn renewal_cadence_follows_ruby() {
+        // ttl 30 -> about 10 s, within ±10 %.
+        assert_eq!(renewal_delay(S(30), S(30), 0.5), S(10));
+        assert_eq!(renewal_delay(S(30), S(30), 0.0), Duration::from_secs(9));
+        assert!(renewal_delay(S(30), S(30), 0.999_999) < Duration::from_millis(11_000));
+        // ttl 300 -> 60 s cap.
+        assert_eq!(renewal_delay(S(300), S(300), 0.5), S(60));
+        // ttl 5 -> about 1.67 s.
+        let d = renewal_delay(S(5), S(5), 0.5);
+        assert!(
+            d > Duration::from_millis(1_660) && d < Duration::from_millis(1_670),
+            "{d:?}"
+        );
+        // Never later than 2 s before the deadline; zero when ≤ 2 s remain.
+        assert_eq!(renewal_delay(S(30), S(5), 1.0), S(3));
+        assert_eq!(renewal_delay(S(30), S(2), 0.5), Duration::ZERO);
+        assert_eq!(renewal_delay(S(30), Duration::ZERO, 0.5), Duration::ZERO);
+    }
+}

@@ -1,0 +1,312 @@
+//! A guard's shared state: the latest lease, the local deadline on the
+//! lease clock, and the lost-ownership signal every clone watches.
+
+use std::sync::{Mutex, MutexGuard};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use super::renewal::renewal_delay;
+use super::{CHECK_INTERVAL, REQUEST_BUDGET, SAFETY_MARGIN};
+use crate::error::{LockLost, LostReason};
+use crate::locks::clock::LeaseClock;
+use crate::locks::lease::LockLease;
+use crate::locks::Measured;
+use crate::validate;
+
+/// The lease-clock deadline of a lease obtained by a request sent at
+/// `sent_at`: the ttl asked for or the time the server granted, whichever
+/// is less, never past the 90-day `cap`.
+pub(super) fn deadline(measured: &Measured, ttl: Duration, cap: Duration) -> Duration {
+    let lasts = measured.granted.map_or(ttl, |granted| granted.min(ttl));
+    measured.sent_at.saturating_add(lasts).min(cap)
+}
+
+pub(super) struct Held {
+    lease: LockLease,
+    /// Lease-clock reading after which the lease may be gone.
+    deadline: Duration,
+    failure: Option<LockLost>,
+}
+
+/// Shared by every clone of a guard and by its renewal task.
+pub(super) struct State {
+    pub(super) key: String,
+    pub(super) ttl: Duration,
+    pub(super) clock: LeaseClock,
+    /// Acquisition start + 90 days: no renewal moves the deadline past it.
+    pub(super) cap: Duration,
+    pub(super) held: Mutex<Held>,
+    pub(super) lost: watch::Sender<bool>,
+}
+
+impl State {
+    /// `started`: the lease-clock reading before the acquire's first try
+    /// (an earlier try than the one answered may be the one applied).
+    pub(super) fn new(
+        acquired: Measured,
+        ttl: Duration,
+        clock: LeaseClock,
+        started: Duration,
+    ) -> Self {
+        let cap = started.saturating_add(validate::MAX_TTL);
+        State {
+            key: acquired.lease.key().to_owned(),
+            ttl,
+            cap,
+            held: Mutex::new(Held {
+                deadline: deadline(&acquired, ttl, cap),
+                lease: acquired.lease,
+                failure: None,
+            }),
+            clock,
+            lost: watch::Sender::new(false),
+        }
+    }
+
+    pub(super) fn held(&self) -> MutexGuard<'_, Held> {
+        self.held.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    pub(super) fn lease(&self) -> LockLease {
+        self.held().lease.clone()
+    }
+
+    pub(super) fn deadline(&self) -> Duration {
+        self.held().deadline
+    }
+
+    pub(super) fn failure(&self) -> Option<LockLost> {
+        self.held().failure.clone()
+    }
+
+    pub(super) fn remaining(&self) -> Duration {
+        self.deadline().saturating_sub(self.clock.now())
+    }
+
+    /// How long the server may still keep the latest lease: the local
+    /// deadline is conservative by up to a second of `Date` rounding plus
+    /// the time an answer took, so allow a little more.
+    pub(super) fn server_may_hold_for(&self) -> Duration {
+        self.remaining()
+            .saturating_add(SAFETY_MARGIN + REQUEST_BUDGET)
+    }
+
+    /// Records a loss; the first one wins and flips the watch channel.
+    pub(super) fn mark(&self, lost: LockLost) {
+        let fencing_token = {
+            let mut held = self.held();
+            if held.failure.is_some() {
+                return;
+            }
+            held.failure = Some(lost.clone());
+            held.lease.fencing_token()
+        };
+        self.lost
+            .send_if_modified(|flag| !std::mem::replace(flag, true));
+        if lost.reason() == LostReason::Released {
+            tracing::debug!(key = %self.key, fencing_token, "scoped lock ended");
+        } else {
+            tracing::warn!(key = %self.key, fencing_token, reason = %lost, "lock lost");
+        }
+    }
+
+    /// Lost, or past the deadline (which records the expiry now). Reads the
+    /// clock itself, so it holds even when no task has run.
+    pub(super) fn check(&self) -> bool {
+        let deadline = {
+            let held = self.held();
+            if held.failure.is_some() {
+                return true;
+            }
+            held.deadline
+        };
+        if self.clock.now() >= deadline {
+            self.mark(LockLost::new(self.key.clone(), LostReason::Expired));
+            return true;
+        }
+        false
+    }
+
+    /// Takes a renewal.
+    pub(super) fn renewed(&self, renewed: Measured) -> Result<(), LockLost> {
+        let mut held = self.held();
+        if let Some(failure) = &held.failure {
+            return Err(failure.clone());
+        }
+        held.deadline = deadline(&renewed, self.ttl, self.cap);
+        held.lease = renewed.lease;
+        let left = held.deadline.saturating_sub(self.clock.now());
+        drop(held);
+        if left <= SAFETY_MARGIN + REQUEST_BUDGET {
+            return Err(LockLost::new(self.key.clone(), LostReason::NoSafeWindow));
+        }
+        Ok(())
+    }
+
+    pub(super) fn next_delay(&self) -> Duration {
+        renewal_delay(self.ttl, self.remaining(), rand::random::<f64>())
+    }
+
+    /// When the next renewal is due, as a lease-clock reading.
+    pub(super) fn next_renewal_at(&self) -> Duration {
+        self.clock.now() + self.next_delay()
+    }
+
+    /// Waits until the lease clock reads `until`, looking at the deadline at
+    /// least once a second; false if the lock was lost meanwhile.
+    pub(super) async fn sleep_while_held(&self, until: Duration) -> bool {
+        loop {
+            if self.check() {
+                return false;
+            }
+            let left = until.saturating_sub(self.clock.now());
+            if left.is_zero() {
+                return true;
+            }
+            tokio::time::sleep(left.min(CHECK_INTERVAL)).await;
+        }
+    }
+
+    pub(super) async fn wait_lost(&self) {
+        let mut changes = self.lost.subscribe();
+        loop {
+            if self.check() {
+                return;
+            }
+            let left = self.remaining().min(CHECK_INTERVAL);
+            tokio::select! {
+                _ = changes.changed() => {}
+                _ = tokio::time::sleep(left) => {}
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: fn(u64) -> Duration = Duration::from_secs;
+
+    fn measured(lease: &LockLease, sent_at: Duration, granted: Option<Duration>) -> Measured {
+        Measured {
+            lease: lease.clone(),
+            sent_at,
+            granted,
+        }
+    }
+
+    fn state(clock: &LeaseClock, ttl: u64) -> State {
+        let lease = LockLease::new("k", "t", chrono::Utc::now(), 1);
+        let now = clock.now();
+        State::new(measured(&lease, now, None), S(ttl), clock.clone(), now)
+    }
+
+    #[test]
+    fn is_lost_reads_the_clock_without_any_task() {
+        let clock = LeaseClock::adjustable();
+        let state = state(&clock, 5);
+        let watch = state.lost.subscribe();
+        assert!(!state.check());
+        clock.advance(Duration::from_millis(4_999));
+        assert!(!state.check());
+        clock.advance(Duration::from_millis(1));
+        assert!(state.check(), "lost exactly at the deadline");
+        assert_eq!(state.failure().unwrap().reason(), LostReason::Expired);
+        assert!(*watch.borrow());
+    }
+
+    #[test]
+    fn first_loss_wins_and_the_watch_flips_once() {
+        let clock = LeaseClock::adjustable();
+        let state = state(&clock, 30);
+        let mut watch = state.lost.subscribe();
+        state.mark(LockLost::new("k", LostReason::Marked).with_detail("first"));
+        state.mark(LockLost::new("k", LostReason::RenewalFailed));
+        assert_eq!(state.failure().unwrap().reason(), LostReason::Marked);
+        assert!(watch.has_changed().unwrap());
+        watch.borrow_and_update();
+        state.mark(LockLost::new("k", LostReason::Released));
+        assert!(!watch.has_changed().unwrap(), "flips exactly once");
+    }
+
+    #[test]
+    fn renewal_moves_the_deadline_from_the_send_time_and_keeps_the_cap() {
+        let clock = LeaseClock::adjustable();
+        let start = clock.now();
+        let lease = LockLease::new("k", "t", chrono::Utc::now(), 1);
+        let state = State::new(measured(&lease, start, None), S(30), clock.clone(), start);
+        clock.advance(S(10));
+        let sent_at = clock.now();
+        clock.advance(S(2)); // the renewal took 2 s
+        state.renewed(measured(&lease, sent_at, None)).unwrap();
+        assert_eq!(
+            state.deadline(),
+            sent_at + S(30),
+            "measured from before sending"
+        );
+
+        // Near the 90-day cap only the time to the cap is granted.
+        let cap = start + validate::MAX_TTL;
+        clock.advance(cap - clock.now() - S(3));
+        let sent_at = clock.now();
+        clock.advance(Duration::from_millis(1_500));
+        let err = state.renewed(measured(&lease, sent_at, None)).unwrap_err();
+        assert_eq!(err.reason(), LostReason::NoSafeWindow);
+        assert_eq!(state.deadline(), cap);
+    }
+
+    #[test]
+    fn a_shorter_grant_shortens_the_deadline_and_a_longer_one_does_not_extend_it() {
+        let clock = LeaseClock::adjustable();
+        let start = clock.now();
+        let lease = LockLease::new("k", "t", chrono::Utc::now(), 1);
+        // The server granted 9 s of the 30 asked for (say, the 90-day cap
+        // of the original acquisition).
+        let state = State::new(
+            measured(&lease, start, Some(S(9))),
+            S(30),
+            clock.clone(),
+            start,
+        );
+        assert_eq!(state.deadline(), start + S(9));
+        clock.advance(S(9));
+        assert!(
+            state.check(),
+            "lost when the server lets go, not at the ttl"
+        );
+
+        let state = State::new(
+            measured(&lease, start, Some(S(3_600))),
+            S(30),
+            clock.clone(),
+            start,
+        );
+        assert_eq!(state.deadline(), start + S(30), "never longer than asked");
+        let state = State::new(
+            measured(&lease, start, Some(Duration::ZERO)),
+            S(30),
+            clock,
+            start,
+        );
+        assert!(state.check(), "an already expired grant is lost at once");
+    }
+
+    #[test]
+    fn the_grant_is_read_on_the_server_clock_and_rounded_against_us() {
+        use chrono::{TimeZone, Utc};
+        let date = Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).unwrap();
+        let expires = date + chrono::TimeDelta::milliseconds(30_700);
+        assert_eq!(
+            crate::locks::acquire::granted(expires, date),
+            Duration::from_millis(29_700)
+        );
+        assert_eq!(crate::locks::acquire::granted(date, date), Duration::ZERO);
+        let long_ago = date - chrono::TimeDelta::days(1);
+        assert_eq!(
+            crate::locks::acquire::granted(long_ago, date),
+            Duration::ZERO
+        );
+    }
+}
