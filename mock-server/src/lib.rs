@@ -218,7 +218,6 @@ pub struct MockServerBuilder {
     anon_key: String,
     rate_limit: Option<u32>,
     header_read_timeout: Duration,
-    baseline: bool,
 }
 
 impl Default for MockServerBuilder {
@@ -229,7 +228,6 @@ impl Default for MockServerBuilder {
             anon_key: DEFAULT_ANON_KEY.to_owned(),
             rate_limit: None,
             header_read_timeout: HEADER_READ_TIMEOUT,
-            baseline: false,
         }
     }
 }
@@ -275,15 +273,6 @@ impl MockServerBuilder {
         self
     }
 
-    /// Benchmark baseline: the same connection handling and router, but
-    /// lock calls get canned answers with no auth, validation, state or
-    /// journal. Not a lock service.
-    #[doc(hidden)]
-    pub fn baseline(mut self) -> Self {
-        self.baseline = true;
-        self
-    }
-
     /// Starts the server on the current tokio runtime.
     ///
     /// # Panics
@@ -312,7 +301,6 @@ impl MockServerBuilder {
             anon_key: self.anon_key,
             rate_limit: self.rate_limit,
             header_read_timeout: self.header_read_timeout,
-            baseline: self.baseline,
         }));
         let (shutdown, stop) = watch::channel(false);
         tokio::spawn(server::serve(

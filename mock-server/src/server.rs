@@ -80,8 +80,6 @@ pub(crate) struct Config {
     pub(crate) anon_key: String,
     pub(crate) rate_limit: Option<u32>,
     pub(crate) header_read_timeout: Duration,
-    /// Benchmark baseline: answer lock calls with canned bodies, no logic.
-    pub(crate) baseline: bool,
 }
 
 /// Everything the handlers share.
@@ -499,9 +497,6 @@ async fn lock_endpoint(
         Ok(route) => route,
         Err(reject) => return reject.into_response(),
     };
-    if shared.config.baseline {
-        return baseline_answer(route.op);
-    }
     let request_id = parts
         .headers
         .get("x-volcano-request-id")
@@ -594,21 +589,6 @@ async fn lock_endpoint(
 
 fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
-}
-
-/// The benchmark baseline: what a no-op lock service would answer.
-fn baseline_answer(op: Operation) -> Response {
-    let grant = Grant {
-        expires_at: DateTime::<Utc>::UNIX_EPOCH,
-        fencing_token: 1,
-    };
-    match op {
-        Operation::Acquire => Answer::Lease(StatusCode::CREATED, grant),
-        Operation::Renew => Answer::Lease(StatusCode::OK, grant),
-        Operation::Get => Answer::State(None),
-        _ => Answer::NoContent,
-    }
-    .into_response()
 }
 
 /// Closes the connection without answering.
@@ -803,7 +783,6 @@ mod tests {
             anon_key: "a".into(),
             rate_limit: None,
             header_read_timeout: HEADER_READ_TIMEOUT,
-            baseline: false,
         });
         for _ in 0..MAX_JOURNAL + 10 {
             shared.record(RecordedRequest {
