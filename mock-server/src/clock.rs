@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use axum::http::HeaderValue;
-use chrono::{DateTime, Datelike, TimeDelta, Timelike, Utc};
+use chrono::{DateTime, Datelike, SecondsFormat, TimeDelta, Timelike, Utc};
 
 /// The latest time the clock shows, 9000-01-01T00:00:00Z, in Unix seconds.
 /// Far below chrono's end (year 262143), so `now + 90 days + ttl + grace`
@@ -113,6 +113,12 @@ impl Clock {
             .checked_add_signed(offset)?;
         (time <= limit()).then_some(time)
     }
+}
+
+/// `time` as the JSON bodies carry it: RFC 3339 in UTC, to the
+/// millisecond (`2024-05-01T12:00:00.000Z`).
+pub(crate) fn json_time(time: DateTime<Utc>) -> String {
+    time.to_rfc3339_opts(SecondsFormat::Millis, true)
 }
 
 /// `time` as an HTTP `Date` (RFC 7231 IMF-fixdate), truncated to the whole

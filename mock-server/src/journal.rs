@@ -1,0 +1,129 @@
+//! The journal: one [`RecordedRequest`] per lock request the server
+//! answered (or failed on purpose), in arrival order, keeping only the
+//! newest [`MAX_JOURNAL`] so a long-running server stays bounded. Requests
+//! to an unknown path or method are not lock requests and are not recorded.
+
+use std::collections::VecDeque;
+use std::sync::Mutex;
+
+use chrono::{DateTime, Utc};
+use serde::Serialize;
+
+use crate::fault::{FaultKind, Operation};
+
+/// Most journal entries kept; older ones are dropped.
+pub const MAX_JOURNAL: usize = 100_000;
+/// Longest key kept in an entry, in characters.
+const MAX_KEY_CHARS: usize = 200;
+/// Longest request id kept in an entry, in characters.
+const MAX_REQUEST_ID_CHARS: usize = 64;
+
+/// One request the server answered (or failed on purpose), in arrival order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+pub struct RecordedRequest {
+    /// Arrival order, from 1.
+    pub seq: u64,
+    /// Server time when the request was handled (after any injected delay,
+    /// before any delay_response).
+    pub at: DateTime<Utc>,
+    /// The operation.
+    pub operation: Operation,
+    /// The key as it appeared in the path (percent-decoded).
+    pub key: String,
+    /// The `X-Volcano-Request-Id` header, if it was valid UTF-8.
+    pub request_id: Option<String>,
+    /// The status sent, or that would have been sent when the response was
+    /// dropped; `None` when the connection was reset before applying.
+    pub status: Option<u16>,
+    /// The injected fault that shaped this answer, if any. When several
+    /// did, a status, drop_response or reset fault is shown first, then
+    /// delay_response, then delay; matching delays (or delay_responses) are
+    /// shown added up.
+    pub fault: Option<FaultKind>,
+    /// The fencing token granted or reported (acquire, renew, get).
+    pub fencing_token: Option<i64>,
+    /// The expiry granted or reported (acquire, renew, get).
+    pub expires_at: Option<DateTime<Utc>>,
+}
+
+impl RecordedRequest {
+    /// The entry for a request as it arrives: no outcome yet, and the key
+    /// and request id cut short so an entry stays small whatever the client
+    /// sent.
+    pub(crate) fn arrived(
+        at: DateTime<Utc>,
+        operation: Operation,
+        key: &str,
+        request_id: Option<&str>,
+    ) -> Self {
+        RecordedRequest {
+            seq: 0,
+            at,
+            operation,
+            key: key.chars().take(MAX_KEY_CHARS).collect(),
+            request_id: request_id.map(|v| v.chars().take(MAX_REQUEST_ID_CHARS).collect()),
+            status: None,
+            fault: None,
+            fencing_token: None,
+            expires_at: None,
+        }
+    }
+}
+
+/// The bounded journal: the last sequence number given out, and the
+/// newest entries, oldest first.
+#[derive(Default)]
+pub(crate) struct Journal {
+    entries: Mutex<(u64, VecDeque<RecordedRequest>)>,
+}
+
+impl Journal {
+    /// Appends an entry, numbering it and dropping the oldest one when full.
+    pub(crate) fn record(&self, mut entry: RecordedRequest) {
+        let mut journal = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        journal.0 += 1;
+        entry.seq = journal.0;
+        if journal.1.len() == MAX_JOURNAL {
+            journal.1.pop_front();
+        }
+        journal.1.push_back(entry);
+    }
+
+    /// Every entry kept, oldest first.
+    pub(crate) fn entries(&self) -> Vec<RecordedRequest> {
+        let journal = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        journal.1.iter().cloned().collect()
+    }
+
+    /// Forgets every entry; numbering starts again from 1.
+    pub(crate) fn clear(&self) {
+        *self.entries.lock().unwrap_or_else(|p| p.into_inner()) = (0, VecDeque::new());
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_journal_keeps_only_the_newest_entries() {
+        let log = Journal::default();
+        for _ in 0..MAX_JOURNAL + 10 {
+            log.record(RecordedRequest {
+                seq: 0,
+                at: Utc::now(),
+                operation: Operation::Get,
+                key: "k".into(),
+                request_id: None,
+                status: Some(200),
+                fault: None,
+                fencing_token: None,
+                expires_at: None,
+            });
+        }
+        let journal = log.entries();
+        assert_eq!(journal.len(), MAX_JOURNAL);
+        assert_eq!(journal[0].seq, 11);
+        assert_eq!(journal.last().unwrap().seq, (MAX_JOURNAL + 10) as u64);
+    }
+}

@@ -1,0 +1,270 @@
+//! The five lock endpoints over the lock store: auth, the quota and
+//! validation in the contract's order, then the injected faults (delay,
+//! status, reset, drop_response, delay_response), then the store, then the
+//! answer, and the journal entry.
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use axum::body::Body;
+use axum::extract::{Request, State};
+use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::response::{IntoResponse, Response};
+use axum::{Extension, Json};
+use chrono::{DateTime, Utc};
+use serde_json::json;
+
+use crate::clock::{http_date, json_time};
+use crate::conn::{close, Kill};
+use crate::fault::{FaultKind, Operation};
+use crate::journal::RecordedRequest;
+use crate::request::{check_auth, route, validate, Prepared, Reject, Route};
+use crate::state::{Grant, Refusal};
+use crate::Shared;
+
+// ---------------------------------------------------------------- quota
+
+/// The optional quota: lock operations per fixed one-minute window, on the
+/// server clock.
+pub(crate) struct Quota {
+    limit: Option<u32>,
+    window: Mutex<Window>,
+}
+
+/// The current window and what it has used.
+#[derive(Default)]
+struct Window {
+    window: i64,
+    used: u32,
+}
+
+impl Quota {
+    /// Allows `limit` operations per window; `None` allows any number.
+    pub(crate) fn new(limit: Option<u32>) -> Self {
+        Quota {
+            limit,
+            window: Mutex::new(Window::default()),
+        }
+    }
+
+    /// Counts one operation; `Err(retry_after_secs)` once the window is full.
+    fn take(&self, now: DateTime<Utc>) -> Result<(), i64> {
+        let Some(limit) = self.limit else {
+            return Ok(());
+        };
+        let window = now.timestamp().div_euclid(60);
+        let mut quota = self.window.lock().unwrap_or_else(|p| p.into_inner());
+        if quota.window != window {
+            *quota = Window { window, used: 0 };
+        }
+        if quota.used >= limit {
+            return Err(60 - now.timestamp().rem_euclid(60));
+        }
+        quota.used += 1;
+        Ok(())
+    }
+
+    /// Forgets the current window.
+    pub(crate) fn clear(&self) {
+        *self.window.lock().unwrap_or_else(|p| p.into_inner()) = Window::default();
+    }
+}
+
+fn rate_limited(retry_after: i64) -> Reject {
+    Reject::new(StatusCode::TOO_MANY_REQUESTS, "lock request limit exceeded")
+        .code("lock_rate_limited")
+        .header(header::RETRY_AFTER, HeaderValue::from(retry_after))
+}
+
+// ---------------------------------------------------------------- the handler
+
+/// Every lock call: the fallback of the router.
+pub(crate) async fn lock_endpoint(
+    State(shared): State<Arc<Shared>>,
+    kill: Option<Extension<Kill>>,
+    request: Request,
+) -> Response {
+    let (parts, body) = request.into_parts();
+    let route = match route(&parts.method, parts.uri.path()) {
+        Ok(route) => route,
+        Err(reject) => return reject.into_response(),
+    };
+    let request_id = parts
+        .headers
+        .get("x-volcano-request-id")
+        .and_then(|v| v.to_str().ok());
+    let mut entry = RecordedRequest::arrived(shared.clock.now(), route.op, &route.key, request_id);
+    let prepared = match prepare(&shared, &route, &parts.headers, body).await {
+        Ok(prepared) => prepared,
+        Err(reject) => {
+            let response = reject.into_response();
+            entry.status = Some(response.status().as_u16());
+            shared.journal.record(entry);
+            return response;
+        }
+    };
+    let planned = shared.faults.plan(route.op, &route.key);
+    if !planned.delay.is_zero() {
+        entry.fault = Some(FaultKind::Delay {
+            delay_ms: millis(planned.delay),
+        });
+        tokio::time::sleep(planned.delay).await;
+    }
+    let now = shared.clock.now();
+    entry.at = now;
+    if !planned.delay_response.is_zero() {
+        entry.fault = Some(FaultKind::DelayResponse {
+            ms: millis(planned.delay_response),
+        });
+    }
+    // `None`: close the connection instead of answering.
+    let outcome = match planned.action {
+        Some(kind @ FaultKind::Status { status }) => {
+            entry.fault = Some(kind);
+            Some(fault_response(status).into_response())
+        }
+        Some(kind @ FaultKind::Reset) => {
+            entry.fault = Some(kind);
+            None
+        }
+        action => {
+            let answer = apply(&shared, &route, prepared, now);
+            if let Some(grant) = answer.grant() {
+                entry.fencing_token = Some(grant.fencing_token);
+                entry.expires_at = Some(grant.expires_at);
+            }
+            let response = answer.into_response();
+            entry.status = Some(response.status().as_u16());
+            match action {
+                Some(kind @ FaultKind::DropResponse) => {
+                    entry.fault = Some(kind);
+                    None
+                }
+                _ => Some(response),
+            }
+        }
+    };
+    if let Some(response) = &outcome {
+        entry.status = Some(response.status().as_u16());
+    }
+    // Recorded before any delay_response wait, so the entry exists even
+    // when the client gives up while the answer is held.
+    shared.journal.record(entry);
+    if !planned.delay_response.is_zero() {
+        tokio::time::sleep(planned.delay_response).await;
+    }
+    match outcome {
+        Some(mut response) => {
+            // A client derives its lease as `expires_at - Date`, so Date is
+            // `now`, the time the answer was made and the lease computed
+            // from: never earlier (which would overstate the lease). After a
+            // delay_response it is still that time: the hold plays a slow
+            // network, and a real server stamps Date when it answers, not
+            // when the answer arrives.
+            response.headers_mut().insert(header::DATE, http_date(now));
+            response
+        }
+        None => close(kill).await,
+    }
+}
+
+/// Auth, then the quota, then validation: a request refused by one is not
+/// counted or checked by the next.
+async fn prepare(
+    shared: &Shared,
+    route: &Route,
+    headers: &HeaderMap,
+    body: Body,
+) -> Result<Prepared, Reject> {
+    check_auth(&shared.config, headers)?;
+    shared
+        .quota
+        .take(shared.clock.now())
+        .map_err(rate_limited)?;
+    validate(route, headers, body, shared.config.header_read_timeout).await
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The answer an injected status fault sends instead of applying.
+fn fault_response(status: u16) -> Reject {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
+    match status.as_u16() {
+        503 => Reject::new(status, "Lock service unavailable").code("lock_service_unavailable"),
+        429 => rate_limited(1),
+        _ => Reject::new(status, "injected fault"),
+    }
+}
+
+// ---------------------------------------------------------------- the store
+
+/// What one lock request resolves to, before it is turned into a response.
+enum Answer {
+    Lease(StatusCode, Grant),
+    State(Option<Grant>),
+    NoContent,
+    Refused(Refusal),
+}
+
+impl Answer {
+    fn into_response(self) -> Response {
+        match self {
+            Answer::Lease(status, grant) => (
+                status,
+                Json(json!({
+                    "expires_at": json_time(grant.expires_at),
+                    "fencing_token": grant.fencing_token,
+                })),
+            )
+                .into_response(),
+            Answer::State(Some(grant)) => Json(json!({
+                "held": true,
+                "expires_at": json_time(grant.expires_at),
+                "fencing_token": grant.fencing_token,
+            }))
+            .into_response(),
+            Answer::State(None) => Json(json!({ "held": false })).into_response(),
+            Answer::NoContent => StatusCode::NO_CONTENT.into_response(),
+            Answer::Refused(Refusal::Held) => Reject::new(StatusCode::CONFLICT, "Lock is held")
+                .code("lock_held")
+                .into_response(),
+            Answer::Refused(Refusal::OwnershipLost) => {
+                Reject::new(StatusCode::CONFLICT, "Lock ownership lost")
+                    .code("lock_ownership_lost")
+                    .into_response()
+            }
+        }
+    }
+
+    fn grant(&self) -> Option<Grant> {
+        match self {
+            Answer::Lease(_, grant) | Answer::State(Some(grant)) => Some(*grant),
+            _ => None,
+        }
+    }
+}
+
+/// Applies a prepared request to the store at `now`.
+fn apply(shared: &Shared, route: &Route, prepared: Prepared, now: DateTime<Utc>) -> Answer {
+    let store = &shared.store;
+    let key = route.key.as_str();
+    let token = prepared.token.unwrap_or_default();
+    let ttl = prepared.ttl.unwrap_or_default();
+    let result = match route.op {
+        Operation::Acquire => store
+            .acquire(key, token, ttl, now)
+            .map(|g| Answer::Lease(StatusCode::CREATED, g)),
+        Operation::Renew => store
+            .renew(key, token, ttl, now)
+            .map(|g| Answer::Lease(StatusCode::OK, g)),
+        Operation::Release => store.release(key, token, now).map(|()| Answer::NoContent),
+        Operation::Get => Ok(Answer::State(store.get(key, now))),
+        Operation::ForceRelease | Operation::Any => {
+            store.force_release(key);
+            Ok(Answer::NoContent)
+        }
+    };
+    result.unwrap_or_else(Answer::Refused)
+}

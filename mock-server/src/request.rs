@@ -1,0 +1,344 @@
+//! Reading a request: which handler gets it (the `/__mock/` controls or the
+//! lock API), which lock operation a method and path name (the key
+//! percent-decoded), whether its credential is the service key, and whether
+//! its key, headers and body are what the contract allows. A refusal is a
+//! [`Reject`]: the JSON error envelope, plus a header where the contract has
+//! one.
+//!
+//! Why the mock validates on its own instead of sharing the SDK's
+//! validator: the mock is what the SDK's tests run against. Were both to
+//! call one validator, a mistake in it (a key pattern one character too
+//! wide, a ttl bound off by one, a header name misspelt) would be made
+//! identically on both sides, the mock would accept exactly what the SDK
+//! wrongly sends, and every test would pass. Written separately from the
+//! protocol, the mock can catch the SDK's own bugs. So this crate does not
+//! depend on the SDK (only its tests do), and nothing here should be
+//! replaced by a call into it.
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::body::{Body, Bytes};
+use axum::extract::State;
+use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::middleware;
+use axum::response::{IntoResponse, Response};
+use axum::{Json, Router};
+use chrono::TimeDelta;
+use serde_json::{json, Value};
+use uuid::Uuid;
+
+use crate::builder::Config;
+use crate::clock::http_date;
+use crate::fault::Operation;
+use crate::{controls, lock_api, Shared};
+
+/// Largest request body read, on every route (lock calls and controls);
+/// larger ones get a 400.
+pub const MAX_BODY: usize = 64 * 1024;
+const MIN_TTL: i64 = 5;
+const MAX_TTL: i64 = 7_776_000;
+
+/// The router: lock endpoints (fallback) and the `/__mock/` controls;
+/// every response it makes carries a `Date` from the server clock.
+pub(crate) fn router(shared: Arc<Shared>) -> Router {
+    controls::routes(shared.clone())
+        .fallback(lock_api::lock_endpoint)
+        .layer(middleware::map_response_with_state(
+            shared.clone(),
+            date_header,
+        ))
+        .with_state(shared)
+}
+
+/// Sets `Date` to the server clock's time when the handler has not set it
+/// (lock answers carry the time they were applied; see `lock_api`).
+async fn date_header(State(shared): State<Arc<Shared>>, mut response: Response) -> Response {
+    if !response.headers().contains_key(header::DATE) {
+        let date = http_date(shared.clock.now());
+        response.headers_mut().insert(header::DATE, date);
+    }
+    response
+}
+
+// ---------------------------------------------------------------- refusals
+
+/// A refused request: the JSON error envelope plus, where the contract has
+/// one, a header.
+pub(crate) struct Reject {
+    status: StatusCode,
+    message: Cow<'static, str>,
+    code: Option<&'static str>,
+    header: Option<(header::HeaderName, HeaderValue)>,
+}
+
+impl Reject {
+    pub(crate) fn new(status: StatusCode, message: impl Into<Cow<'static, str>>) -> Self {
+        Reject {
+            status,
+            message: message.into(),
+            code: None,
+            header: None,
+        }
+    }
+
+    pub(crate) fn code(mut self, code: &'static str) -> Self {
+        self.code = Some(code);
+        self
+    }
+
+    pub(crate) fn header(mut self, name: header::HeaderName, value: HeaderValue) -> Self {
+        self.header = Some((name, value));
+        self
+    }
+}
+
+impl IntoResponse for Reject {
+    fn into_response(self) -> Response {
+        let mut body = json!({ "error": self.message });
+        if let Some(code) = self.code {
+            body["code"] = code.into();
+        }
+        let mut response = (self.status, Json(body)).into_response();
+        if let Some((name, value)) = self.header {
+            response.headers_mut().insert(name, value);
+        }
+        response
+    }
+}
+
+pub(crate) fn bad_request(message: impl Into<Cow<'static, str>>) -> Reject {
+    Reject::new(StatusCode::BAD_REQUEST, message)
+}
+
+// ---------------------------------------------------------------- routing
+
+/// A lock request's operation and (percent-decoded) key.
+pub(crate) struct Route {
+    pub(crate) op: Operation,
+    pub(crate) key: String,
+}
+
+/// Maps method and path to an operation; the key is percent-decoded.
+pub(crate) fn route(method: &Method, path: &str) -> Result<Route, Reject> {
+    let not_found = || Reject::new(StatusCode::NOT_FOUND, "not found");
+    let rest = path.strip_prefix("/locks/").ok_or_else(not_found)?;
+    let (raw_key, on_lease) = match rest.strip_suffix("/lease") {
+        Some(key) => (key, true),
+        None => (rest, false),
+    };
+    if raw_key.contains('/') {
+        return Err(not_found());
+    }
+    let op = match (on_lease, method.as_str()) {
+        (true, "POST") => Operation::Acquire,
+        (true, "PATCH") => Operation::Renew,
+        (true, "DELETE") => Operation::Release,
+        (false, "GET") => Operation::Get,
+        (false, "DELETE") => Operation::ForceRelease,
+        (true, _) => return Err(method_not_allowed("POST, PATCH, DELETE")),
+        (false, _) => return Err(method_not_allowed("GET, DELETE")),
+    };
+    let key = percent_decode(raw_key).ok_or_else(|| bad_request("invalid lock key"))?;
+    Ok(Route { op, key })
+}
+
+fn method_not_allowed(allow: &'static str) -> Reject {
+    Reject::new(StatusCode::METHOD_NOT_ALLOWED, "method not allowed")
+        .header(header::ALLOW, HeaderValue::from_static(allow))
+}
+
+fn percent_decode(raw: &str) -> Option<String> {
+    let bytes = raw.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%' {
+            let hex = bytes.get(i + 1..i + 3)?;
+            let hex = std::str::from_utf8(hex).ok()?;
+            out.push(u8::from_str_radix(hex, 16).ok()?);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+// ---------------------------------------------------------------- auth
+
+/// The credential must be `Bearer <service key>`: the anon key gets 403,
+/// anything else 401.
+pub(crate) fn check_auth(config: &Config, headers: &HeaderMap) -> Result<(), Reject> {
+    let credential = headers
+        .get(header::AUTHORIZATION)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| {
+            let (scheme, rest) = v.split_once(' ')?;
+            scheme.eq_ignore_ascii_case("bearer").then(|| rest.trim())
+        });
+    match credential {
+        Some(key) if key == config.service_key => Ok(()),
+        Some(key) if key == config.anon_key => Err(Reject::new(
+            StatusCode::FORBIDDEN,
+            "a service-role key is required for locks",
+        )),
+        _ => Err(Reject::new(
+            StatusCode::UNAUTHORIZED,
+            "missing or invalid credentials",
+        )),
+    }
+}
+
+// ---------------------------------------------------------------- validation
+
+/// A lock request whose key, headers and body are valid: the lock token
+/// (acquire, renew, release) and the ttl (acquire, renew).
+pub(crate) struct Prepared {
+    pub(crate) token: Option<Uuid>,
+    pub(crate) ttl: Option<TimeDelta>,
+}
+
+/// Checks the key, the UUID headers and the body, in that order; the body
+/// is read within `timeout`.
+pub(crate) async fn validate(
+    route: &Route,
+    headers: &HeaderMap,
+    body: Body,
+    timeout: Duration,
+) -> Result<Prepared, Reject> {
+    if !valid_key(&route.key) {
+        return Err(bad_request("invalid lock key"));
+    }
+    uuid_header(headers, "x-volcano-request-id").map_err(bad_request)?;
+    let needs_token = matches!(
+        route.op,
+        Operation::Acquire | Operation::Renew | Operation::Release
+    );
+    let token = if needs_token {
+        Some(uuid_header(headers, "x-volcano-lock-token").map_err(bad_request)?)
+    } else {
+        None
+    };
+    // Every operation reads its body, so none can be sent more than
+    // MAX_BODY; only acquire and renew look at it.
+    let bytes = read_body(headers, body, timeout).await?;
+    let ttl = if matches!(route.op, Operation::Acquire | Operation::Renew) {
+        Some(ttl_body(&bytes).map_err(bad_request)?)
+    } else {
+        None
+    };
+    Ok(Prepared { token, ttl })
+}
+
+fn valid_key(key: &str) -> bool {
+    let bytes = key.as_bytes();
+    match bytes.split_first() {
+        Some((first, rest)) => {
+            bytes.len() <= 128
+                && first.is_ascii_alphanumeric()
+                && rest
+                    .iter()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+        }
+        None => false,
+    }
+}
+
+/// A header that must be a hyphenated UUID.
+fn uuid_header(headers: &HeaderMap, name: &str) -> Result<Uuid, String> {
+    let value = headers
+        .get(name)
+        .ok_or_else(|| format!("missing {name} header"))?
+        .to_str()
+        .map_err(|_| format!("{name} must be a UUID"))?;
+    let hyphenated = value.len() == 36
+        && value.bytes().enumerate().all(|(i, b)| match i {
+            8 | 13 | 18 | 23 => b == b'-',
+            _ => b.is_ascii_hexdigit(),
+        });
+    if !hyphenated {
+        return Err(format!("{name} must be a UUID"));
+    }
+    Uuid::try_parse(value).map_err(|_| format!("{name} must be a UUID"))
+}
+
+/// The body of acquire and renew: exactly `{"ttl_seconds": int}` in range.
+fn ttl_body(bytes: &[u8]) -> Result<TimeDelta, &'static str> {
+    let value: Value =
+        serde_json::from_slice(bytes).map_err(|_| "request body must be valid JSON")?;
+    let Value::Object(map) = value else {
+        return Err("request body must be a JSON object");
+    };
+    if map.len() != 1 {
+        return Err("request body must have exactly one member, ttl_seconds");
+    }
+    let ttl = map
+        .get("ttl_seconds")
+        .ok_or("request body must have exactly one member, ttl_seconds")?
+        .as_i64()
+        .filter(|n| (MIN_TTL..=MAX_TTL).contains(n))
+        .ok_or("ttl_seconds must be an integer from 5 to 7776000")?;
+    Ok(TimeDelta::seconds(ttl))
+}
+
+/// Reads a request body of at most [`MAX_BODY`] bytes within `timeout`.
+pub(crate) async fn read_body(
+    headers: &HeaderMap,
+    body: Body,
+    timeout: Duration,
+) -> Result<Bytes, Reject> {
+    let declared = headers
+        .get(header::CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if declared.is_some_and(|n| n > MAX_BODY as u64) {
+        return Err(bad_request("request body is too large"));
+    }
+    // A client that promises a body and never sends it would otherwise
+    // hold the connection forever.
+    tokio::time::timeout(timeout, axum::body::to_bytes(body, MAX_BODY))
+        .await
+        .map_err(|_| bad_request("request body was not received in time"))?
+        .map_err(|_| bad_request("request body is too large or unreadable"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ttl_body_is_strict() {
+        assert_eq!(
+            ttl_body(br#"{"ttl_seconds":30}"#),
+            Ok(TimeDelta::seconds(30))
+        );
+        for bad in [
+            &br#"{"ttl_seconds":4}"#[..],
+            br#"{"ttl_seconds":7776001}"#,
+            br#"{"ttl_seconds":30.0}"#,
+            br#"{"ttl_seconds":"30"}"#,
+            br#"{"ttl_seconds":30,"x":1}"#,
+            br#"{}"#,
+            br#"[30]"#,
+            b"{",
+            b"",
+        ] {
+            assert!(ttl_body(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn routes_and_decoding() {
+        let r = route(&Method::POST, "/locks/build%3Aqueue/lease")
+            .ok()
+            .unwrap();
+        assert_eq!((r.op, r.key.as_str()), (Operation::Acquire, "build:queue"));
+        assert!(route(&Method::GET, "/locks/a/b/c").is_err());
+        assert!(route(&Method::PUT, "/locks/a").is_err());
+        assert!(route(&Method::GET, "/locks/%ff").is_err());
+        assert!(route(&Method::GET, "/other").is_err());
+    }
+}
