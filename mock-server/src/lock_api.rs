@@ -1,7 +1,8 @@
 //! The five lock endpoints over the lock store: auth, the quota and
 //! validation in the contract's order, then the injected faults (delay,
 //! status, reset, drop_response, delay_response), then the store, then the
-//! answer, and the journal entry.
+//! answer. Each lock request is journaled in exactly one place,
+//! [`lock_endpoint`], whatever became of it.
 
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -78,6 +79,26 @@ fn rate_limited(retry_after: i64) -> Reject {
 
 // ---------------------------------------------------------------- the handler
 
+/// What becomes of a lock request once its journal entry is written.
+enum Outcome {
+    /// Answer with this response.
+    Respond(Response),
+    /// Close the connection without answering. `would_have_sent` is the
+    /// status of the answer dropped (drop_response), or `None` when the
+    /// request was never applied (reset).
+    Close { would_have_sent: Option<u16> },
+}
+
+impl Outcome {
+    /// The status the journal shows.
+    fn status(&self) -> Option<u16> {
+        match self {
+            Outcome::Respond(response) => Some(response.status().as_u16()),
+            Outcome::Close { would_have_sent } => *would_have_sent,
+        }
+    }
+}
+
 /// Every lock call: the fallback of the router.
 pub(crate) async fn lock_endpoint(
     State(shared): State<Arc<Shared>>,
@@ -85,6 +106,7 @@ pub(crate) async fn lock_endpoint(
     request: Request,
 ) -> Response {
     let (parts, body) = request.into_parts();
+    // Not a lock request: answered, not journaled.
     let route = match route(&parts.method, parts.uri.path()) {
         Ok(route) => route,
         Err(reject) => return reject.into_response(),
@@ -94,15 +116,36 @@ pub(crate) async fn lock_endpoint(
         .get("x-volcano-request-id")
         .and_then(|v| v.to_str().ok());
     let mut entry = RecordedRequest::arrived(shared.clock.now(), route.op, &route.key, request_id);
-    let prepared = match prepare(&shared, &route, &parts.headers, body).await {
-        Ok(prepared) => prepared,
-        Err(reject) => {
-            let response = reject.into_response();
-            entry.status = Some(response.status().as_u16());
-            shared.journal.record(entry);
-            return response;
-        }
+    let (outcome, hold) = match handle(&shared, &route, &parts.headers, body, &mut entry).await {
+        Ok(handled) => handled,
+        // Refused before any fault was planned: no hold.
+        Err(reject) => (Outcome::Respond(reject.into_response()), Duration::ZERO),
     };
+    entry.status = outcome.status();
+    // The one place a lock request is journaled. Before any delay_response
+    // hold, so the entry exists even when the client gives up while the
+    // answer is held.
+    shared.journal.record(entry);
+    if !hold.is_zero() {
+        tokio::time::sleep(hold).await;
+    }
+    match outcome {
+        Outcome::Respond(response) => response,
+        Outcome::Close { .. } => close(kill).await,
+    }
+}
+
+/// Checks the request, plans and plays the faults, applies it; fills in
+/// `entry` (time, fault, grant) but does not record it. Returns what to do
+/// and how long to hold it first (delay_response).
+async fn handle(
+    shared: &Shared,
+    route: &Route,
+    headers: &HeaderMap,
+    body: Body,
+    entry: &mut RecordedRequest,
+) -> Result<(Outcome, Duration), Reject> {
+    let prepared = prepare(shared, route, headers, body).await?;
     let planned = shared.faults.plan(route.op, &route.key);
     if !planned.delay.is_zero() {
         entry.fault = Some(FaultKind::Delay {
@@ -117,55 +160,45 @@ pub(crate) async fn lock_endpoint(
             ms: millis(planned.delay_response),
         });
     }
-    // `None`: close the connection instead of answering.
+    // A client derives its lease as `expires_at - Date`, so Date is `now`,
+    // the time the answer was made and the lease computed from: never
+    // earlier (which would overstate the lease). After a delay_response it
+    // is still that time: the hold plays a slow network, and a real server
+    // stamps Date when it answers, not when the answer arrives.
+    let respond = |mut response: Response| {
+        response.headers_mut().insert(header::DATE, http_date(now));
+        Outcome::Respond(response)
+    };
     let outcome = match planned.action {
         Some(kind @ FaultKind::Status { status }) => {
             entry.fault = Some(kind);
-            Some(fault_response(status).into_response())
+            respond(fault_response(status).into_response())
         }
         Some(kind @ FaultKind::Reset) => {
             entry.fault = Some(kind);
-            None
+            Outcome::Close {
+                would_have_sent: None,
+            }
         }
         action => {
-            let answer = apply(&shared, &route, prepared, now);
+            let answer = apply(shared, route, prepared, now);
             if let Some(grant) = answer.grant() {
                 entry.fencing_token = Some(grant.fencing_token);
                 entry.expires_at = Some(grant.expires_at);
             }
             let response = answer.into_response();
-            entry.status = Some(response.status().as_u16());
             match action {
                 Some(kind @ FaultKind::DropResponse) => {
                     entry.fault = Some(kind);
-                    None
+                    Outcome::Close {
+                        would_have_sent: Some(response.status().as_u16()),
+                    }
                 }
-                _ => Some(response),
+                _ => respond(response),
             }
         }
     };
-    if let Some(response) = &outcome {
-        entry.status = Some(response.status().as_u16());
-    }
-    // Recorded before any delay_response wait, so the entry exists even
-    // when the client gives up while the answer is held.
-    shared.journal.record(entry);
-    if !planned.delay_response.is_zero() {
-        tokio::time::sleep(planned.delay_response).await;
-    }
-    match outcome {
-        Some(mut response) => {
-            // A client derives its lease as `expires_at - Date`, so Date is
-            // `now`, the time the answer was made and the lease computed
-            // from: never earlier (which would overstate the lease). After a
-            // delay_response it is still that time: the hold plays a slow
-            // network, and a real server stamps Date when it answers, not
-            // when the answer arrives.
-            response.headers_mut().insert(header::DATE, http_date(now));
-            response
-        }
-        None => close(kill).await,
-    }
+    Ok((outcome, planned.delay_response))
 }
 
 /// Auth, then the quota, then validation: a request refused by one is not
