@@ -1,5 +1,6 @@
-//! Load benchmarks (DESIGN section 7). Each prints a table and updates its
-//! section of `docs/benchmarks.md`:
+//! Load benchmarks (DESIGN section 7). Each prints a table and keeps it in
+//! `target/benchmarks/`; `VOLCANO_BENCH_UPDATE_DOCS=1` also updates its
+//! section of the tracked `docs/benchmarks.md`:
 //!
 //! ```sh
 //! cargo bench --bench load -- overhead     # SDK vs bare reqwest, same requests
@@ -323,10 +324,19 @@ fn micros(d: Duration) -> String {
     format!("{:.0} µs", d.as_secs_f64() * 1e6)
 }
 
-/// Prints a section and writes it into docs/benchmarks.md between markers.
+/// Prints a section and keeps it in `target/benchmarks/<name>.md`. With
+/// `VOLCANO_BENCH_UPDATE_DOCS=1` it also replaces that section of the
+/// tracked docs/benchmarks.md (between its markers); otherwise a run
+/// changes no tracked file.
 fn report(name: &str, title: &str, body: &str) {
     let section = format!("<!-- bench:{name} -->\n## {title}\n\n{body}\n<!-- /bench:{name} -->");
     println!("\n{section}\n");
+    let out = concat!(env!("CARGO_MANIFEST_DIR"), "/target/benchmarks");
+    std::fs::create_dir_all(out).unwrap();
+    std::fs::write(format!("{out}/{name}.md"), format!("{section}\n")).unwrap();
+    if std::env::var_os("VOLCANO_BENCH_UPDATE_DOCS").is_none_or(|v| v != "1") {
+        return;
+    }
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/benchmarks.md");
     let mut doc = std::fs::read_to_string(path).unwrap_or_default();
     if doc.is_empty() {
@@ -340,7 +350,6 @@ fn report(name: &str, title: &str, body: &str) {
         (Some(a), Some(b)) => doc.replace_range(a..b + end.len(), &section),
         _ => doc = format!("{}\n\n{section}\n", doc.trim_end()),
     }
-    std::fs::create_dir_all(concat!(env!("CARGO_MANIFEST_DIR"), "/docs")).unwrap();
     std::fs::write(path, doc).unwrap();
 }
 

@@ -1,5 +1,6 @@
 //! Fault injection: answers and failures the mock server produces on demand.
 
+use crate::lock_unpoisoned;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -240,7 +241,7 @@ impl Faults {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Fault>> {
-        self.list.lock().unwrap_or_else(|p| p.into_inner())
+        lock_unpoisoned(&self.list)
     }
 }
 

@@ -10,6 +10,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use crate::fault::{FaultKind, Operation};
+use crate::lock_unpoisoned;
 
 /// Most journal entries kept; older ones are dropped.
 pub const MAX_JOURNAL: usize = 100_000;
@@ -80,7 +81,7 @@ pub(crate) struct Journal {
 impl Journal {
     /// Appends an entry, numbering it and dropping the oldest one when full.
     pub(crate) fn record(&self, mut entry: RecordedRequest) {
-        let mut journal = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let mut journal = lock_unpoisoned(&self.entries);
         journal.0 += 1;
         entry.seq = journal.0;
         if journal.1.len() == MAX_JOURNAL {
@@ -91,13 +92,13 @@ impl Journal {
 
     /// Every entry kept, oldest first.
     pub(crate) fn entries(&self) -> Vec<RecordedRequest> {
-        let journal = self.entries.lock().unwrap_or_else(|p| p.into_inner());
+        let journal = lock_unpoisoned(&self.entries);
         journal.1.iter().cloned().collect()
     }
 
     /// Forgets every entry; numbering starts again from 1.
     pub(crate) fn clear(&self) {
-        *self.entries.lock().unwrap_or_else(|p| p.into_inner()) = (0, VecDeque::new());
+        *lock_unpoisoned(&self.entries) = (0, VecDeque::new());
     }
 }
 

@@ -39,6 +39,7 @@
 //! for a negative or invalid number, or one past the clock's limit),
 //! `GET /__mock/requests`, `GET /__mock/locks`, `POST /__mock/reset`.
 #![deny(missing_docs)]
+#![warn(unreachable_pub, missing_debug_implementations)]
 
 mod builder;
 mod clock;
@@ -247,4 +248,13 @@ impl Shared {
         self.journal.clear();
         self.quota.clear();
     }
+}
+
+/// Locks a mutex, carrying on with its data if a holder panicked: every
+/// structure guarded here stays consistent between statements, so a panic
+/// elsewhere must not take the whole server down with it.
+pub(crate) fn lock_unpoisoned<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }

@@ -19,6 +19,7 @@ use crate::clock::{http_date, json_time};
 use crate::conn::{close, Kill};
 use crate::fault::{FaultKind, Operation};
 use crate::journal::RecordedRequest;
+use crate::lock_unpoisoned;
 use crate::request::{check_auth, route, validate, Prepared, Reject, Route};
 use crate::state::{Grant, Refusal};
 use crate::Shared;
@@ -54,7 +55,7 @@ impl Quota {
             return Ok(());
         };
         let window = now.timestamp().div_euclid(60);
-        let mut quota = self.window.lock().unwrap_or_else(|p| p.into_inner());
+        let mut quota = lock_unpoisoned(&self.window);
         if quota.window != window {
             *quota = Window { window, used: 0 };
         }
@@ -67,7 +68,7 @@ impl Quota {
 
     /// Forgets the current window.
     pub(crate) fn clear(&self) {
-        *self.window.lock().unwrap_or_else(|p| p.into_inner()) = Window::default();
+        *lock_unpoisoned(&self.window) = Window::default();
     }
 }
 

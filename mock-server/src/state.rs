@@ -3,6 +3,7 @@
 //! never passes the year 9000, so the additions here (at most now + 90 days
 //! + 1 s) cannot overflow.
 
+use crate::lock_unpoisoned;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -13,11 +14,11 @@ use serde::Serialize;
 use uuid::Uuid;
 
 /// After `expires_at`, the lock stays unavailable to others for this long.
-pub const TAKEOVER_GRACE: TimeDelta = TimeDelta::seconds(1);
+pub(crate) const TAKEOVER_GRACE: TimeDelta = TimeDelta::seconds(1);
 /// A renewal must arrive more than this long before `expires_at`.
-pub const RENEW_MARGIN: TimeDelta = TimeDelta::seconds(1);
+pub(crate) const RENEW_MARGIN: TimeDelta = TimeDelta::seconds(1);
 /// The absolute lifetime of one acquisition.
-pub const MAX_ACQUISITION: TimeDelta = TimeDelta::seconds(7_776_000);
+pub(crate) const MAX_ACQUISITION: TimeDelta = TimeDelta::seconds(7_776_000);
 
 const SHARDS: usize = 32;
 
@@ -44,7 +45,7 @@ impl Lease {
 
 /// A granted or renewed lease, as the API returns it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Grant {
+pub(crate) struct Grant {
     /// When the lease expires (server clock).
     pub expires_at: DateTime<Utc>,
     /// The lease's fencing token.
@@ -53,7 +54,7 @@ pub struct Grant {
 
 /// Why a lock operation was refused (HTTP 409).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Refusal {
+pub(crate) enum Refusal {
     /// Another live lease owns the key.
     Held,
     /// The caller's lease is gone (expired, too late, or another token's).
@@ -196,7 +197,7 @@ impl Store {
         self.shards
             .iter()
             .map(|shard| {
-                let mut shard = shard.lock().unwrap_or_else(|p| p.into_inner());
+                let mut shard = lock_unpoisoned(shard);
                 let before = shard.len();
                 shard.retain(|_, lease| !lease.reclaimable(now));
                 // Give memory back after a burst of keys.
@@ -213,7 +214,7 @@ impl Store {
             .shards
             .iter()
             .flat_map(|shard| {
-                let shard = shard.lock().unwrap_or_else(|p| p.into_inner());
+                let shard = lock_unpoisoned(shard);
                 shard
                     .iter()
                     .map(|(key, lease)| LockSnapshot {
@@ -231,16 +232,13 @@ impl Store {
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.shards
-            .iter()
-            .map(|s| s.lock().unwrap_or_else(|p| p.into_inner()).len())
-            .sum()
+        self.shards.iter().map(|s| lock_unpoisoned(s).len()).sum()
     }
 
     /// Forgets every lease; the fencing counter keeps counting.
     pub(crate) fn clear(&self) {
         for shard in &self.shards {
-            shard.lock().unwrap_or_else(|p| p.into_inner()).clear();
+            lock_unpoisoned(shard).clear();
         }
     }
 }
