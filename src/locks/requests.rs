@@ -9,7 +9,7 @@ use crate::error::Result;
 use crate::ops;
 use crate::validate;
 
-/// `locks.renew(&lease, ttl)`; see [`Locks::renew`].
+/// `locks.renew(&lease, ttl)`; see [`Locks::renew`](crate::Locks::renew).
 #[derive(Debug)]
 #[must_use = "a request builder does nothing until it is awaited"]
 pub struct Renew {
@@ -45,7 +45,7 @@ impl Renew {
     }
 }
 
-/// `locks.get(key)`; see [`Locks::get`].
+/// `locks.get(key)`; see [`Locks::get`](crate::Locks::get).
 #[derive(Debug)]
 #[must_use = "a request builder does nothing until it is awaited"]
 pub struct Get {
@@ -69,7 +69,7 @@ impl Get {
     }
 }
 
-/// `locks.release(&lease)`; see [`Locks::release`].
+/// `locks.release(&lease)`; see [`Locks::release`](crate::Locks::release).
 #[derive(Debug)]
 #[must_use = "a request builder does nothing until it is awaited"]
 pub struct Release {
@@ -99,7 +99,7 @@ impl Release {
     }
 }
 
-/// `locks.force_release(key)`; see [`Locks::force_release`].
+/// `locks.force_release(key)`; see [`Locks::force_release`](crate::Locks::force_release).
 #[derive(Debug)]
 #[must_use = "a request builder does nothing until it is awaited"]
 pub struct ForceRelease {

@@ -113,7 +113,7 @@ impl<F> WithLock<'_, F> {
     }
 
     /// If the lock is held, wait up to `timeout` for it (see
-    /// [`Acquire::wait`](super::Acquire::wait)) before giving up with the
+    /// [`Acquire::wait`](crate::Acquire::wait)) before giving up with the
     /// last `Error::Conflict`.
     pub fn wait(mut self, timeout: Duration) -> Self {
         self.wait = Some(timeout);
