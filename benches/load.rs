@@ -120,7 +120,9 @@ async fn stdin_closed() {
 /// stack (hyper HTTP/1.1 over tokio, a task per keep-alive connection, an
 /// axum `Router`) answering the five lock routes with canned bodies, and
 /// nothing else: no auth, validation, state, faults or journal. What the
-/// mock server does beyond this is what the throughput ratio measures.
+/// mock server does beyond this is what the throughput ratio measures; that
+/// includes its own routing, its per-connection kill handle and a `Date`
+/// formatted from its movable clock (the baseline keeps hyper's cached one).
 mod baseline {
     use std::net::{Ipv4Addr, SocketAddr};
     use std::time::Duration;

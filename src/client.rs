@@ -51,7 +51,6 @@ struct Inner {
     /// Releases running in the background, for `shutdown`.
     background: Arc<Background>,
     /// Kept for the other Volcano APIs; lock calls never send it.
-    #[allow(dead_code)]
     anon_key: Option<String>,
 }
 

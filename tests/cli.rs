@@ -357,6 +357,7 @@ async fn missing_service_key_is_an_invalid_argument_and_the_anon_key_is_optional
         .env_clear()
         .env("VOLCANO_API_URL", server.url())
         .env("VOLCANO_SERVICE_KEY", server.service_key())
+        .env("VOLCANO_ANON_KEY", "")
         .output()
         .await
         .unwrap();

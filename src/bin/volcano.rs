@@ -207,7 +207,8 @@ async fn run(cli: Cli) -> Result<Value, Failure> {
             ))
         }
     }
-    if let Some(key) = cli.anon_key {
+    // An empty variable counts as unset, as in `Client::from_env`.
+    if let Some(key) = cli.anon_key.filter(|k| !k.is_empty()) {
         builder = builder.anon_key(key);
     }
     let locks = builder.build()?.locks();

@@ -17,12 +17,12 @@ use crate::validate;
 /// The lease-clock deadline of a lease obtained by a request sent at
 /// `sent_at`: the ttl asked for or the time the server granted, whichever
 /// is less, never past the 90-day `cap`.
-pub(super) fn deadline(measured: &Measured, ttl: Duration, cap: Duration) -> Duration {
+fn deadline(measured: &Measured, ttl: Duration, cap: Duration) -> Duration {
     let lasts = measured.granted.map_or(ttl, |granted| granted.min(ttl));
     measured.sent_at.saturating_add(lasts).min(cap)
 }
 
-pub(super) struct Held {
+struct Held {
     lease: LockLease,
     /// Lease-clock reading after which the lease may be gone.
     deadline: Duration,
@@ -35,8 +35,8 @@ pub(super) struct State {
     pub(super) ttl: Duration,
     pub(super) clock: LeaseClock,
     /// Acquisition start + 90 days: no renewal moves the deadline past it.
-    pub(super) cap: Duration,
-    pub(super) held: Mutex<Held>,
+    cap: Duration,
+    held: Mutex<Held>,
     pub(super) lost: watch::Sender<bool>,
 }
 
@@ -64,7 +64,7 @@ impl State {
         }
     }
 
-    pub(super) fn held(&self) -> MutexGuard<'_, Held> {
+    fn held(&self) -> MutexGuard<'_, Held> {
         self.held.lock().unwrap_or_else(|p| p.into_inner())
     }
 
