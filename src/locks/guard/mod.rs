@@ -15,9 +15,12 @@
 //!
 //! One concept a file: [`state`] (the deadline and the lost-ownership
 //! signal), [`renewal`] (the background renewal task), [`handle`] (the
-//! [`LockGuard`] a closure gets) and [`with_lock`] (the scoped-lock driver).
+//! [`LockGuard`] a closure gets), [`held`] (`hold` and [`HeldLock`], which
+//! own the renewal and the duty to release) and [`with_lock`] (a closure
+//! run while a `HeldLock` is held).
 
 mod handle;
+mod held;
 mod renewal;
 mod state;
 mod with_lock;
@@ -25,6 +28,7 @@ mod with_lock;
 use std::time::Duration;
 
 pub use handle::LockGuard;
+pub use held::{HeldLock, Hold};
 pub use with_lock::WithLock;
 
 /// The server needs a renewal more than this long before expiry.

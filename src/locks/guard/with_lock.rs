@@ -1,36 +1,27 @@
-//! `with_lock`: acquire, run the closure with a [`LockGuard`] while the
-//! lease renews in the background, release on every exit (success, error,
-//! panic, cancellation).
+//! `with_lock`: `hold` the lock, run the closure with a [`LockGuard`] while
+//! the lease renews in the background, release on every exit (success,
+//! error, panic, cancellation). One renewal and one exit path, shared with
+//! [`HeldLock`](super::HeldLock).
 
 use std::any::Any;
 use std::future::{Future, IntoFuture};
 use std::marker::PhantomData;
 use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
-use std::sync::atomic::Ordering;
-use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use tokio::task::JoinHandle;
-
 use super::handle::LockGuard;
-use super::renewal::{renew_in_window, renewal_task, LiveRenewal};
-use super::state::State;
-use crate::error::{Error, LockLost, LostReason, Result};
-use crate::locks::release::{self, is_transient};
+use super::held::Hold;
+use crate::error::Error;
 use crate::locks::Locks;
-use crate::validate;
 
 /// `locks.with_lock(key, ttl, f)`; see [`Locks::with_lock`].
 #[must_use = "a scoped lock does nothing until it is awaited"]
 pub struct WithLock<'f, F> {
-    locks: Locks,
-    key: String,
-    ttl: Duration,
-    token: Option<String>,
-    request_id: Option<String>,
-    wait: Option<Duration>,
+    /// How the lock is acquired and kept: `with_lock` is `hold`, the
+    /// closure, then `release`.
+    hold: Hold,
     cancel_on_loss: bool,
     f: F,
     _scope: PhantomData<&'f ()>,
@@ -39,11 +30,7 @@ pub struct WithLock<'f, F> {
 impl<F> std::fmt::Debug for WithLock<'_, F> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WithLock")
-            .field("key", &self.key)
-            .field("ttl", &self.ttl)
-            .field("token", &self.token.as_ref().map(|_| "[redacted]"))
-            .field("request_id", &self.request_id)
-            .field("wait", &self.wait)
+            .field("hold", &self.hold)
             .field("cancel_on_loss", &self.cancel_on_loss)
             .finish_non_exhaustive()
     }
@@ -86,12 +73,7 @@ impl Locks {
         E: From<Error> + Send + 'f,
     {
         WithLock {
-            locks: self.clone(),
-            key: key.into(),
-            ttl,
-            token: None,
-            request_id: None,
-            wait: None,
+            hold: self.hold(key, ttl),
             cancel_on_loss: false,
             f,
             _scope: PhantomData,
@@ -102,13 +84,13 @@ impl Locks {
 impl<F> WithLock<'_, F> {
     /// Acquire with this ownership token (a UUID string, sent verbatim).
     pub fn token(mut self, token: impl Into<String>) -> Self {
-        self.token = Some(token.into());
+        self.hold = self.hold.token(token);
         self
     }
 
     /// Acquire with this request id; renewals and the release use fresh ones.
     pub fn request_id(mut self, request_id: impl Into<String>) -> Self {
-        self.request_id = Some(request_id.into());
+        self.hold = self.hold.request_id(request_id);
         self
     }
 
@@ -116,7 +98,7 @@ impl<F> WithLock<'_, F> {
     /// [`Acquire::wait`](crate::Acquire::wait)) before giving up with the
     /// last `Error::Conflict`.
     pub fn wait(mut self, timeout: Duration) -> Self {
-        self.wait = Some(timeout);
+        self.hold = self.hold.wait(timeout);
         self
     }
 
@@ -152,57 +134,15 @@ where
 {
     async fn run(self) -> std::result::Result<T, E> {
         let WithLock {
-            locks,
-            key,
-            ttl,
-            token,
-            request_id,
-            wait,
+            hold,
             cancel_on_loss,
             f,
             ..
         } = self;
-        validate::ttl(ttl)?;
-        let clock = locks.client().lease_clock().clone();
-        let mut acquire = locks.acquire(key, ttl);
-        if let Some(token) = token {
-            acquire = acquire.token(token);
-        }
-        if let Some(request_id) = request_id {
-            acquire = acquire.request_id(request_id);
-        }
-        if let Some(timeout) = wait {
-            acquire = acquire.wait(timeout);
-        }
-        let started = clock.now();
-        let acquired = acquire.send_measured().await?;
-        tracing::info!(
-            key = acquired.lease.key(),
-            fencing_token = acquired.lease.fencing_token(),
-            "lock acquired"
-        );
-        let state = Arc::new(State::new(acquired, ttl, clock, started));
-        let mut scope = Scope {
-            locks: locks.clone(),
-            state: state.clone(),
-            renewer: None,
-            armed: true,
-        };
-
-        // A slow or retried acquire may leave no time before the first
-        // renewal: renew once before running `f`.
-        if state.next_delay().is_zero() {
-            if let Err(lost) = renew_in_window(&state, &locks).await {
-                state.mark(lost.clone());
-                let _ = scope.release().await;
-                return Err(E::from(Error::LockLost(lost)));
-            }
-        }
-        scope.start_renewer();
-
-        let guard = LockGuard {
-            state: state.clone(),
-        };
+        // Dropping this future from here on drops `held`, which stops the
+        // renewal and hands the release to the client.
+        let held = hold.acquire().await?;
+        let guard = LockGuard::clone(&held);
         let outcome = CatchUnwind(Box::pin(async move {
             let lost_guard = guard.clone();
             let work = f(guard);
@@ -219,15 +159,7 @@ where
             }
         }))
         .await;
-
-        scope.stop_renewer().await;
-        // Expiry counts up to this moment; time spent releasing does not.
-        state.check();
-        let loss = state.failure();
-        // Guard clones that outlive `f` stop believing before the lock can
-        // be free for someone else.
-        state.mark(LockLost::new(state.key.clone(), LostReason::Released));
-        let released = scope.release().await;
+        let (loss, released) = held.finish().await;
 
         match outcome {
             Err(panic) => std::panic::resume_unwind(panic),
@@ -238,93 +170,6 @@ where
                 (None, Ok(())) => Ok(value),
             },
         }
-    }
-}
-
-/// Owns the renewal task and the duty to release. If the `with_lock`
-/// future is dropped half-way, `Drop` stops the task and spawns a
-/// best-effort release; it never blocks.
-struct Scope {
-    locks: Locks,
-    state: Arc<State>,
-    renewer: Option<JoinHandle<()>>,
-    /// The lease still needs releasing.
-    armed: bool,
-}
-
-impl Scope {
-    fn start_renewer(&mut self) {
-        let counter = self.locks.client().renewal_counter().clone();
-        counter.fetch_add(1, Ordering::SeqCst);
-        let live = LiveRenewal(counter);
-        let first_at = self.state.next_renewal_at();
-        self.renewer = Some(tokio::spawn(renewal_task(
-            self.state.clone(),
-            self.locks.clone(),
-            first_at,
-            live,
-        )));
-    }
-
-    async fn stop_renewer(&mut self) {
-        if let Some(task) = self.renewer.take() {
-            task.abort();
-            let _ = task.await;
-        }
-    }
-
-    /// Releases the latest lease (see [`release::confirmed`]), all within
-    /// the client's timeout. If that fails on transient errors, the release
-    /// goes on in the background for up to one ttl (the longest the server
-    /// may still keep the lease), so the lock ends free rather than held.
-    async fn release(&mut self) -> Result<()> {
-        let lease = self.state.lease();
-        let persistence = release::Persistence::foreground(&self.locks);
-        let result = release::confirmed(&self.locks, &lease, persistence, None).await;
-        self.armed = false;
-        match &result {
-            Ok(()) => tracing::info!(
-                key = lease.key(),
-                fencing_token = lease.fencing_token(),
-                "lock released"
-            ),
-            Err(err) => {
-                tracing::warn!(
-                    key = lease.key(),
-                    fencing_token = lease.fencing_token(),
-                    error = %err,
-                    "lock release failed"
-                );
-                if is_transient(err) {
-                    release::in_background(
-                        &self.locks,
-                        lease,
-                        self.state.server_may_hold_for(),
-                        "final release failed; still trying",
-                    );
-                }
-            }
-        }
-        result
-    }
-}
-
-impl Drop for Scope {
-    fn drop(&mut self) {
-        if let Some(task) = self.renewer.take() {
-            task.abort();
-        }
-        if !self.armed {
-            return;
-        }
-        self.state
-            .mark(LockLost::new(self.state.key.clone(), LostReason::Released));
-        release::in_background(
-            &self.locks,
-            self.state.lease(),
-            self.state.server_may_hold_for(),
-            "scoped lock cancelled",
-        );
     }
 }
 

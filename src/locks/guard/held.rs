@@ -1,0 +1,298 @@
+//! `locks.hold(key, ttl)` and [`HeldLock`]: a renewing lock that lives
+//! outside any closure, in a struct or an `Arc`, until it is released or
+//! dropped. `with_lock` is a thin layer over it.
+
+use std::future::IntoFuture;
+use std::ops::Deref;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::task::JoinHandle;
+
+use super::handle::LockGuard;
+use super::renewal::{renew_in_window, renewal_task, LiveRenewal};
+use super::state::State;
+use crate::error::{Error, LockLost, LostReason, Result};
+use crate::locks::release::{self, is_transient};
+use crate::locks::{BoxFuture, Locks};
+use crate::validate;
+
+/// `locks.hold(key, ttl)`; see [`Locks::hold`].
+#[must_use = "a held lock is acquired only when this is awaited"]
+pub struct Hold {
+    pub(super) locks: Locks,
+    pub(super) key: String,
+    pub(super) ttl: Duration,
+    pub(super) token: Option<String>,
+    pub(super) request_id: Option<String>,
+    pub(super) wait: Option<Duration>,
+}
+
+impl std::fmt::Debug for Hold {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Hold")
+            .field("key", &self.key)
+            .field("ttl", &self.ttl)
+            .field("token", &self.token.as_ref().map(|_| "[redacted]"))
+            .field("request_id", &self.request_id)
+            .field("wait", &self.wait)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Locks {
+    /// Acquires `key` and keeps it: the lease is renewed in the background
+    /// exactly as `with_lock` renews it (the same local deadline, retries
+    /// and lost-ownership signal) until the [`HeldLock`] is released or
+    /// dropped. For a lock that lives in a long-lived struct or state
+    /// machine, where a closure does not fit.
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: volcano::Locks) -> Result<(), volcano::Error> {
+    /// use std::time::Duration;
+    /// let held = locks.hold("ingest", Duration::from_secs(30)).await?;
+    /// let fence = held.lease().fencing_token();
+    /// // ... work, passing `fence` to the store; watch `held.lost()` ...
+    /// held.release().await?;
+    /// # let _ = fence; Ok(()) }
+    /// ```
+    pub fn hold(&self, key: impl Into<String>, ttl: Duration) -> Hold {
+        Hold {
+            locks: self.clone(),
+            key: key.into(),
+            ttl,
+            token: None,
+            request_id: None,
+            wait: None,
+        }
+    }
+}
+
+impl Hold {
+    /// Acquire with this ownership token (a UUID string, sent verbatim).
+    pub fn token(mut self, token: impl Into<String>) -> Self {
+        self.token = Some(token.into());
+        self
+    }
+
+    /// Acquire with this request id; renewals and the release use fresh ones.
+    pub fn request_id(mut self, request_id: impl Into<String>) -> Self {
+        self.request_id = Some(request_id.into());
+        self
+    }
+
+    /// If the lock is held, wait up to `timeout` for it (see
+    /// [`Acquire::wait`](crate::Acquire::wait)) before giving up with the
+    /// last `Error::Conflict`.
+    pub fn wait(mut self, timeout: Duration) -> Self {
+        self.wait = Some(timeout);
+        self
+    }
+
+    /// Acquires, renews once at once if the acquire left no time before
+    /// the first renewal, and starts the renewal task.
+    pub(super) async fn acquire(self) -> Result<HeldLock> {
+        let Hold {
+            locks,
+            key,
+            ttl,
+            token,
+            request_id,
+            wait,
+        } = self;
+        validate::ttl(ttl)?;
+        let clock = locks.client().lease_clock().clone();
+        let mut acquire = locks.acquire(key, ttl);
+        if let Some(token) = token {
+            acquire = acquire.token(token);
+        }
+        if let Some(request_id) = request_id {
+            acquire = acquire.request_id(request_id);
+        }
+        if let Some(timeout) = wait {
+            acquire = acquire.wait(timeout);
+        }
+        let started = clock.now();
+        let acquired = acquire.send_measured().await?;
+        tracing::info!(
+            key = acquired.lease.key(),
+            fencing_token = acquired.lease.fencing_token(),
+            "lock acquired"
+        );
+        let state = Arc::new(State::new(acquired, ttl, clock, started));
+        // Armed from here on: dropping this future releases the lease.
+        let mut held = HeldLock {
+            guard: LockGuard { state },
+            locks,
+            renewer: None,
+            armed: true,
+        };
+        // A slow or retried acquire may leave no time before the first
+        // renewal: renew once before handing the lock over.
+        let state = &held.guard.state;
+        if state.next_delay().is_zero() {
+            if let Err(lost) = renew_in_window(state, &held.locks).await {
+                state.mark(lost.clone());
+                let _ = held.release_lease().await;
+                return Err(Error::LockLost(lost));
+            }
+        }
+        held.start_renewer();
+        Ok(held)
+    }
+}
+
+impl IntoFuture for Hold {
+    type Output = Result<HeldLock>;
+    type IntoFuture = BoxFuture<Self::Output>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(self.acquire())
+    }
+}
+
+/// A lock held until [`HeldLock::release`] or drop, renewed in the
+/// background. Derefs to [`LockGuard`]: `is_lost()`, `lost()`, `watch()`,
+/// `lease()` and `failure()` all work on it. `Send + Sync + 'static`, so it
+/// can live in a struct or an `Arc`.
+///
+/// Dropping it stops the renewal and hands a best-effort release to the
+/// client, which [`Client::shutdown`](crate::Client::shutdown) waits for.
+///
+/// ```no_run
+/// # async fn demo(locks: volcano::Locks) -> Result<(), volcano::Error> {
+/// use std::time::Duration;
+/// struct Ingest {
+///     lock: volcano::HeldLock,
+/// }
+/// let ingest = Ingest { lock: locks.hold("ingest", Duration::from_secs(30)).await? };
+/// tokio::select! {
+///     _ = ingest.lock.lost() => eprintln!("lost the ingest lock; stopping"),
+///     _ = tokio::time::sleep(Duration::from_secs(60)) => {}
+/// }
+/// ingest.lock.release().await?;
+/// # Ok(()) }
+/// ```
+pub struct HeldLock {
+    guard: LockGuard,
+    locks: Locks,
+    renewer: Option<JoinHandle<()>>,
+    /// The lease still needs releasing.
+    armed: bool,
+}
+
+impl std::fmt::Debug for HeldLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeldLock")
+            .field("guard", &self.guard)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Deref for HeldLock {
+    type Target = LockGuard;
+
+    fn deref(&self) -> &LockGuard {
+        &self.guard
+    }
+}
+
+impl HeldLock {
+    /// Stops renewing and releases the lease (tried again on transient
+    /// failures; release is idempotent). Returns `Error::LockLost` if
+    /// ownership was lost while held (the release is still sent), else the
+    /// release's own error, if any.
+    pub async fn release(self) -> Result<()> {
+        match self.finish().await {
+            (Some(lost), _) => Err(Error::LockLost(lost)),
+            (None, released) => released,
+        }
+    }
+
+    /// Stops the renewal, records how the hold ended, marks every guard
+    /// clone released *before* the release is sent, then releases: the
+    /// loss (if any) up to this moment, and the release's result.
+    pub(super) async fn finish(mut self) -> (Option<LockLost>, Result<()>) {
+        if let Some(task) = self.renewer.take() {
+            task.abort();
+            let _ = task.await;
+        }
+        let state = &self.guard.state;
+        // Expiry counts up to this moment; time spent releasing does not.
+        state.check();
+        let loss = state.failure();
+        state.mark(LockLost::new(state.key.clone(), LostReason::Released));
+        let released = self.release_lease().await;
+        (loss, released)
+    }
+
+    fn start_renewer(&mut self) {
+        let counter = self.locks.client().renewal_counter().clone();
+        counter.fetch_add(1, Ordering::SeqCst);
+        let live = LiveRenewal(counter);
+        let state = &self.guard.state;
+        let first_at = state.next_renewal_at();
+        self.renewer = Some(tokio::spawn(renewal_task(
+            state.clone(),
+            self.locks.clone(),
+            first_at,
+            live,
+        )));
+    }
+
+    /// Releases the latest lease (see [`release::confirmed`]), all within
+    /// the client's timeout. If that fails on transient errors, the release
+    /// goes on in the background for up to one ttl (the longest the server
+    /// may still keep the lease), so the lock ends free rather than held.
+    async fn release_lease(&mut self) -> Result<()> {
+        let state = &self.guard.state;
+        let lease = state.lease();
+        let persistence = release::Persistence::foreground(&self.locks);
+        let result = release::confirmed(&self.locks, &lease, persistence, None).await;
+        self.armed = false;
+        match &result {
+            Ok(()) => tracing::info!(
+                key = lease.key(),
+                fencing_token = lease.fencing_token(),
+                "lock released"
+            ),
+            Err(err) => {
+                tracing::warn!(
+                    key = lease.key(),
+                    fencing_token = lease.fencing_token(),
+                    error = %err,
+                    "lock release failed"
+                );
+                if is_transient(err) {
+                    release::in_background(
+                        &self.locks,
+                        lease,
+                        state.server_may_hold_for(),
+                        "final release failed; still trying",
+                    );
+                }
+            }
+        }
+        result
+    }
+}
+
+impl Drop for HeldLock {
+    fn drop(&mut self) {
+        if let Some(task) = self.renewer.take() {
+            task.abort();
+        }
+        if !self.armed {
+            return;
+        }
+        let state = &self.guard.state;
+        state.mark(LockLost::new(state.key.clone(), LostReason::Released));
+        release::in_background(
+            &self.locks,
+            state.lease(),
+            state.server_may_hold_for(),
+            "held lock dropped",
+        );
+    }
+}
