@@ -49,8 +49,8 @@ pub use error::{
 };
 pub use locks::lease::{LockLease, LockState};
 pub use locks::{
-    Acquire, ForceRelease, Get, HeldLock, Hold, LeaseClock, LockGuard, Locks, Release, Renew,
-    WithLock,
+    Acquire, ForceRelease, Get, HeldLock, Hold, Leader, LeaseClock, LockGuard, Locks, Release,
+    Renew, WithLock,
 };
 pub use validate::{MAX_TTL, MIN_TTL};
 

@@ -242,5 +242,5 @@ mod wait;
 pub use acquire::Acquire;
 pub(crate) use acquire::Measured;
 pub use clock::LeaseClock;
-pub use guard::{HeldLock, Hold, LockGuard, WithLock};
+pub use guard::{HeldLock, Hold, Leader, LockGuard, WithLock};
 pub use requests::{ForceRelease, Get, Release, Renew};

@@ -16,11 +16,12 @@
 //! One concept a file: [`state`] (the deadline and the lost-ownership
 //! signal), [`renewal`] (the background renewal task), [`handle`] (the
 //! [`LockGuard`] a closure gets), [`held`] (`hold` and [`HeldLock`], which
-//! own the renewal and the duty to release) and [`with_lock`] (a closure
-//! run while a `HeldLock` is held).
+//! own the renewal and the duty to release), [`with_lock`] (a closure run
+//! while a `HeldLock` is held) and [`leader`] (terms run while elected).
 
 mod handle;
 mod held;
+mod leader;
 mod renewal;
 mod state;
 mod with_lock;
@@ -29,6 +30,7 @@ use std::time::Duration;
 
 pub use handle::LockGuard;
 pub use held::{HeldLock, Hold};
+pub use leader::Leader;
 pub use with_lock::WithLock;
 
 /// The server needs a renewal more than this long before expiry.

@@ -1,0 +1,181 @@
+//! Leader election over a lock: campaign (wait for the lock), lead (run the
+//! caller's term with a [`LockGuard`]), and when the lease is lost drop the
+//! term and campaign again, until the term ends it or `until` fires.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use super::handle::LockGuard;
+use crate::error::Error;
+use crate::locks::Locks;
+use crate::validate;
+
+type Signal = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+
+/// `locks.leader(key, ttl)`; see [`Locks::leader`].
+#[must_use = "leader election starts only when run(..) is awaited"]
+pub struct Leader {
+    locks: Locks,
+    key: String,
+    ttl: Duration,
+    until: Option<Signal>,
+}
+
+impl std::fmt::Debug for Leader {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Leader")
+            .field("key", &self.key)
+            .field("ttl", &self.ttl)
+            .field("until", &self.until.as_ref().map(|_| "..."))
+            .finish()
+    }
+}
+
+/// How one term ended.
+enum TermEnd<E> {
+    /// The term function returned.
+    Returned(Result<(), E>),
+    /// `until` fired: step down.
+    Resigned,
+    /// The lease was lost: campaign again.
+    Lost,
+}
+
+impl Locks {
+    /// Leader election on `key`: among all callers of `leader` on this key,
+    /// one at a time leads.
+    ///
+    /// `run(term)` campaigns (waits for the lock, quota-aware like
+    /// [`Acquire::wait`](crate::Acquire::wait)), then calls `term` with a
+    /// [`LockGuard`] and polls its future while it leads. If the lease is
+    /// lost, that future is dropped, the lock released, and the campaign
+    /// starts again with a fresh token. `term` returning `Ok(())` ends
+    /// leadership (release, then `Ok`); `Err(e)` releases and returns
+    /// `Err(e)`; after either, `term` is not called again.
+    /// [`Leader::until`] steps down cleanly when a shutdown signal fires.
+    /// `run` returns only after its release has finished.
+    ///
+    /// Every term's fencing token is higher than the previous term's (each
+    /// term is a new acquisition): hand it to the resource you protect, so
+    /// a deposed leader that has not noticed yet cannot overwrite the new
+    /// one's work.
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: volcano::Locks) -> Result<(), volcano::Error> {
+    /// use std::time::Duration;
+    /// let shutdown = async { let _ = tokio::signal::ctrl_c().await; };
+    /// locks
+    ///     .leader("scheduler", Duration::from_secs(15))
+    ///     .until(shutdown)
+    ///     .run(|term| async move {
+    ///         let fence = term.lease().fencing_token();
+    ///         loop {
+    ///             // schedule jobs, writing with `fence` so the store
+    ///             // rejects a deposed leader's late writes
+    ///             # let _ = fence;
+    ///             tokio::time::sleep(Duration::from_secs(1)).await;
+    ///         }
+    ///         #[allow(unreachable_code)]
+    ///         Ok::<(), volcano::Error>(())
+    ///     })
+    ///     .await
+    /// # }
+    /// ```
+    pub fn leader(&self, key: impl Into<String>, ttl: Duration) -> Leader {
+        Leader {
+            locks: self.clone(),
+            key: key.into(),
+            ttl,
+            until: None,
+        }
+    }
+}
+
+impl Leader {
+    /// Step down (drop the running term, release, return `Ok(())`) once
+    /// `signal` completes, for example on SIGTERM.
+    pub fn until(mut self, signal: impl Future<Output = ()> + Send + 'static) -> Self {
+        self.until = Some(Box::pin(signal));
+        self
+    }
+
+    /// Campaigns and leads until the term ends leadership or `until`
+    /// fires; see [`Locks::leader`].
+    pub fn run<'f, F, Fut, E>(
+        self,
+        term: F,
+    ) -> Pin<Box<dyn Future<Output = std::result::Result<(), E>> + Send + 'f>>
+    where
+        F: FnMut(LockGuard) -> Fut + Send + 'f,
+        Fut: Future<Output = std::result::Result<(), E>> + Send + 'f,
+        E: From<Error> + Send + 'f,
+    {
+        Box::pin(self.elect(term))
+    }
+
+    async fn elect<F, Fut, E>(self, mut term: F) -> std::result::Result<(), E>
+    where
+        F: FnMut(LockGuard) -> Fut + Send,
+        Fut: Future<Output = std::result::Result<(), E>> + Send,
+        E: From<Error> + Send,
+    {
+        let Leader {
+            locks,
+            key,
+            ttl,
+            until,
+        } = self;
+        validate::ttl(ttl)?;
+        validate::key(&key)?;
+        let mut until: Signal = until.unwrap_or_else(|| Box::pin(std::future::pending()));
+        loop {
+            // Campaign: one token for the whole wait; a fresh one per term,
+            // so a new term is always a new acquisition with a higher
+            // fencing token.
+            let campaign = locks
+                .hold(key.clone(), ttl)
+                .token(validate::new_uuid())
+                .wait(Duration::MAX);
+            let held = tokio::select! {
+                biased;
+                _ = &mut until => return Ok(()),
+                held = campaign => match held {
+                    Ok(held) => held,
+                    // The pre-run renewal found no safe window: try again.
+                    Err(Error::LockLost(_)) => continue,
+                    Err(err) => return Err(E::from(err)),
+                },
+            };
+            let fencing_token = held.lease().fencing_token();
+            tracing::info!(key = %key, fencing_token, "elected leader");
+
+            let guard = LockGuard::clone(&held);
+            let end = {
+                let work = term(guard.clone());
+                tokio::select! {
+                    biased;
+                    _ = &mut until => TermEnd::Resigned,
+                    _ = guard.lost() => TermEnd::Lost,
+                    result = work => TermEnd::Returned(result),
+                }
+            };
+            // The term's future is gone before anything else happens.
+            let (_, released) = held.finish().await;
+            match end {
+                TermEnd::Lost => {
+                    let reason = guard.failure().map(|l| l.to_string());
+                    tracing::warn!(key = %key, fencing_token, reason, "leadership lost; campaigning again");
+                }
+                TermEnd::Resigned => {
+                    tracing::info!(key = %key, fencing_token, "resigned leadership");
+                    return released.map_err(E::from);
+                }
+                TermEnd::Returned(result) => {
+                    tracing::info!(key = %key, fencing_token, "leadership ended by its term");
+                    return result.and(released.map_err(E::from));
+                }
+            }
+        }
+    }
+}

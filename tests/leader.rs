@@ -1,0 +1,161 @@
+//! Leader election (`locks.leader(key, ttl)`) against the mock server.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, AtomicI64, AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use common::*;
+use volcano::Error;
+use volcano_mock_server::MockServer;
+
+const KEY: &str = "scheduler";
+const TTL: Duration = Duration::from_secs(5);
+
+fn held_on_server(server: &MockServer) -> bool {
+    server.locks().iter().any(|l| l.key == KEY && l.live)
+}
+
+/// Sets a flag when dropped: shows that a term's future was dropped.
+struct DropFlag(Arc<AtomicBool>);
+
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+#[tokio::test]
+async fn candidates_lead_one_at_a_time_with_rising_fencing_tokens() {
+    let server = MockServer::start().await;
+    let leading = Arc::new(AtomicUsize::new(0));
+    let overlaps = Arc::new(AtomicUsize::new(0));
+    let fences = Arc::new(Mutex::new(Vec::new()));
+    let mut candidates = Vec::new();
+    for _ in 0..3 {
+        let client = mock_client(&server);
+        let (leading, overlaps, fences) = (leading.clone(), overlaps.clone(), fences.clone());
+        // The run future is Send + 'static: each candidate is a task.
+        candidates.push(tokio::spawn(client.locks().leader(KEY, TTL).run(
+            move |term| {
+                let (leading, overlaps, fences) =
+                    (leading.clone(), overlaps.clone(), fences.clone());
+                async move {
+                    if leading.fetch_add(1, Ordering::SeqCst) != 0 {
+                        overlaps.fetch_add(1, Ordering::SeqCst);
+                    }
+                    fences.lock().unwrap().push(term.lease().fencing_token());
+                    tokio::time::sleep(Duration::from_millis(200)).await;
+                    leading.fetch_sub(1, Ordering::SeqCst);
+                    Ok::<(), Error>(()) // one term each, then step down
+                }
+            },
+        )));
+    }
+    for candidate in candidates {
+        tokio::time::timeout(Duration::from_secs(20), candidate)
+            .await
+            .expect("every candidate gets its term")
+            .unwrap()
+            .unwrap();
+    }
+    assert_eq!(overlaps.load(Ordering::SeqCst), 0);
+    let fences = fences.lock().unwrap().clone();
+    assert_eq!(fences.len(), 3);
+    assert!(fences.windows(2).all(|w| w[0] < w[1]), "{fences:?}");
+    assert!(!held_on_server(&server), "each term released on Ok");
+}
+
+#[tokio::test]
+async fn a_lost_term_is_dropped_and_the_candidate_campaigns_again() {
+    let server = MockServer::start().await;
+    let client = mock_client(&server);
+    let terms = Arc::new(Mutex::new(Vec::new()));
+    let first_dropped = Arc::new(AtomicBool::new(false));
+    let (stop_tx, stop_rx) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(
+        client
+            .locks()
+            .leader(KEY, TTL)
+            .until(async move {
+                let _ = stop_rx.await;
+            })
+            .run({
+                let (terms, first_dropped) = (terms.clone(), first_dropped.clone());
+                move |term| {
+                    let (terms, first_dropped) = (terms.clone(), first_dropped.clone());
+                    async move {
+                        let first = terms.lock().unwrap().is_empty();
+                        terms.lock().unwrap().push(term.lease().fencing_token());
+                        let _flag = first.then(|| DropFlag(first_dropped));
+                        std::future::pending::<Result<(), Error>>().await
+                    }
+                }
+            }),
+    );
+    let elected = || terms.lock().unwrap().len();
+    assert!(eventually(Duration::from_secs(5), || elected() == 1).await);
+    // An admin takes the lock away; the next renewal is refused.
+    client.locks().force_release(KEY).await.unwrap();
+    assert!(eventually(Duration::from_secs(15), || elected() == 2).await);
+    assert!(
+        first_dropped.load(Ordering::SeqCst),
+        "the lost term was dropped"
+    );
+    let fences = terms.lock().unwrap().clone();
+    assert!(fences[1] > fences[0], "{fences:?}");
+
+    // Step down: the running term is dropped and the lock released.
+    stop_tx.send(()).unwrap();
+    run.await.unwrap().unwrap();
+    assert!(!held_on_server(&server));
+}
+
+#[tokio::test]
+async fn until_steps_down_cleanly_and_an_error_ends_leadership() {
+    let server = MockServer::start().await;
+    let client = mock_client(&server);
+
+    // until() before anyone leads: returns at once, nothing held.
+    let result = client
+        .locks()
+        .leader(KEY, TTL)
+        .until(async {})
+        .run(|_term| async { Ok::<(), Error>(()) })
+        .await;
+    assert!(result.is_ok());
+    assert!(!held_on_server(&server));
+
+    // An Err from the term releases and comes back; no second term.
+    #[derive(Debug)]
+    enum JobError {
+        Lock(Error),
+        Failed,
+    }
+    impl From<Error> for JobError {
+        fn from(err: Error) -> Self {
+            JobError::Lock(err)
+        }
+    }
+    let calls = Arc::new(AtomicI64::new(0));
+    let err = client
+        .locks()
+        .leader(KEY, TTL)
+        .run({
+            let calls = calls.clone();
+            move |_term| {
+                calls.fetch_add(1, Ordering::SeqCst);
+                async { Err::<(), _>(JobError::Failed) }
+            }
+        })
+        .await
+        .unwrap_err();
+    if let JobError::Lock(lock) = &err {
+        panic!("the term's error should come back, not a lock error: {lock}");
+    }
+    assert!(matches!(err, JobError::Failed), "{err:?}");
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+    assert!(!held_on_server(&server));
+    assert_eq!(client.active_renewals(), 0);
+}
