@@ -159,3 +159,114 @@ async fn until_steps_down_cleanly_and_an_error_ends_leadership() {
     assert!(!held_on_server(&server));
     assert_eq!(client.active_renewals(), 0);
 }
+
+/// One replica of a scheduler on a runtime of its own, so that it can be
+/// killed the way a process dies: the runtime stops, nothing more runs, no
+/// release is sent.
+struct Replica {
+    runtime: Option<tokio::runtime::Runtime>,
+}
+
+/// An election seen by a replica: its fencing token and when.
+type Elections = Arc<Mutex<Vec<(usize, i64, std::time::Instant)>>>;
+
+fn replica(id: usize, url: String, key: String, elections: Elections) -> Replica {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    runtime.spawn(async move {
+        let client = volcano::Client::builder()
+            .service_key(volcano_mock_server::DEFAULT_SERVICE_KEY)
+            .api_url(url)
+            .timeout(Duration::from_secs(5))
+            .build()
+            .unwrap();
+        let _ = client
+            .locks()
+            .leader(key, TTL)
+            .run(move |term| {
+                let elections = elections.clone();
+                async move {
+                    let fence = term.lease().fencing_token();
+                    elections
+                        .lock()
+                        .unwrap()
+                        .push((id, fence, std::time::Instant::now()));
+                    std::future::pending::<Result<(), Error>>().await
+                }
+            })
+            .await;
+    });
+    Replica {
+        runtime: Some(runtime),
+    }
+}
+
+impl Replica {
+    fn kill(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// Kills the leader `kills` times (default 2; `VOLCANO_FAILOVER_KILLS`
+/// for a longer measurement) and checks that another replica takes over
+/// within ttl + 1 s grace + 1 s of polling and a little scheduling slack,
+/// with a higher fencing token each time. Prints the failover times.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_crashed_leader_is_replaced_within_the_ttl_and_the_grace() {
+    let kills: usize = std::env::var("VOLCANO_FAILOVER_KILLS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(2);
+    let server = MockServer::start().await;
+    let elections: Elections = Arc::default();
+    let key = format!("{KEY}-failover");
+    let mut replicas: Vec<Replica> = Vec::new();
+    let mut next_id = 0;
+    let mut spawn = |replicas: &mut Vec<Replica>| {
+        replicas.push(replica(
+            next_id,
+            server.url().to_owned(),
+            key.clone(),
+            elections.clone(),
+        ));
+        next_id += 1;
+    };
+    for _ in 0..3 {
+        spawn(&mut replicas);
+    }
+    let count = || elections.lock().unwrap().len();
+    assert!(eventually(Duration::from_secs(10), || count() == 1).await);
+
+    let mut failovers = Vec::new();
+    for kill in 0..kills {
+        let (leader, fence, _) = *elections.lock().unwrap().last().unwrap();
+        let killed_at = std::time::Instant::now();
+        replicas[leader].kill();
+        spawn(&mut replicas); // a supervisor starts a replacement
+        let limit = TTL + Duration::from_secs(4);
+        assert!(
+            eventually(limit, || count() == kill + 2).await,
+            "no new leader within {limit:?}"
+        );
+        let (_, new_fence, elected_at) = *elections.lock().unwrap().last().unwrap();
+        assert!(new_fence > fence, "fencing tokens rise across terms");
+        failovers.push(elected_at.duration_since(killed_at));
+    }
+    for replica in &mut replicas {
+        replica.kill();
+    }
+    let mut sorted = failovers.clone();
+    sorted.sort();
+    println!(
+        "failover over {} kills (ttl {:?}): median {:?}, max {:?}",
+        sorted.len(),
+        TTL,
+        sorted[sorted.len() / 2],
+        sorted.last().unwrap()
+    );
+}
