@@ -57,12 +57,14 @@ pub(super) async fn renew_in_window(state: &State, locks: &Locks) -> Result<(), 
         }
         let lease = state.lease();
         let request_id = validate::new_uuid();
-        let result = locks
+        // Boxed: the request's state lives on the heap only while it is in
+        // flight, so a sleeping renewal task stays small.
+        let renew = locks
             .renew(&lease, state.ttl)
             .request_id(request_id.clone())
             .timeout(budget.min(locks.client().timeout()))
-            .send_measured()
-            .await;
+            .send_measured();
+        let result = Box::pin(renew).await;
         match result {
             Ok(renewed) => {
                 tracing::debug!(

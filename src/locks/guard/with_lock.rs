@@ -141,7 +141,9 @@ where
         } = self;
         // Dropping this future from here on drops `held`, which stops the
         // renewal and hands the release to the client.
-        let held = hold.acquire().await?;
+        // Boxed, as is `finish` below: a future's size is that of its
+        // largest state, and the closure's state is the one that lasts.
+        let held = Box::pin(hold.acquire()).await?;
         let guard = LockGuard::clone(&held);
         let outcome = CatchUnwind(Box::pin(async move {
             let lost_guard = guard.clone();
@@ -159,7 +161,7 @@ where
             }
         }))
         .await;
-        let (loss, released) = held.finish().await;
+        let (loss, released) = Box::pin(held.finish()).await;
 
         match outcome {
             Err(panic) => std::panic::resume_unwind(panic),
