@@ -270,3 +270,94 @@ async fn a_crashed_leader_is_replaced_within_the_ttl_and_the_grace() {
         sorted.last().unwrap()
     );
 }
+
+/// Three candidates under renewal faults and server clock jumps for a
+/// bounded time: no term may believe it leads while the server has granted
+/// the key to another token, and fencing tokens rise from term to term.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_faults_and_clock_jumps_at_most_one_term_believes_it_leads() {
+    use volcano_mock_server::{Fault, Operation};
+    let server = Arc::new(MockServer::start().await);
+    let key = format!("{KEY}-stress");
+    let violations = Arc::new(Mutex::new(Vec::<String>::new()));
+    let fences = Arc::new(Mutex::new(Vec::<i64>::new()));
+    let (stop_tx, _) = tokio::sync::broadcast::channel::<()>(1);
+    let mut candidates = Vec::new();
+    for _ in 0..3 {
+        let client = mock_client(&server);
+        let mut stop = stop_tx.subscribe();
+        let (server, key, violations, fences) = (
+            server.clone(),
+            key.clone(),
+            violations.clone(),
+            fences.clone(),
+        );
+        candidates.push(tokio::spawn(
+            client
+                .locks()
+                .leader(key.clone(), TTL)
+                .until(async move {
+                    let _ = stop.recv().await;
+                })
+                .run(move |term| {
+                    let (server, key, violations, fences) = (
+                        server.clone(),
+                        key.clone(),
+                        violations.clone(),
+                        fences.clone(),
+                    );
+                    async move {
+                        let mine = term.lease().fencing_token();
+                        fences.lock().unwrap().push(mine);
+                        // Hand over now and then: marking the term lost makes
+                        // the candidate release and campaign again.
+                        let rotate_at = tokio::time::Instant::now()
+                            + Duration::from_millis(600 + (mine as u64 % 5) * 200);
+                        loop {
+                            if tokio::time::Instant::now() >= rotate_at {
+                                term.mark_lost("rotating leadership for the test");
+                            }
+                            // The server's view first, then the belief.
+                            let granted = server
+                                .locks()
+                                .into_iter()
+                                .find(|l| l.key == key && l.live)
+                                .map(|l| l.fencing_token);
+                            if !term.is_lost() && granted.is_some_and(|f| f != mine) {
+                                violations.lock().unwrap().push(format!(
+                                    "term {mine} believed it led while the server granted {granted:?}"
+                                ));
+                            }
+                            tokio::time::sleep(Duration::from_millis(20)).await;
+                        }
+                        #[allow(unreachable_code)]
+                        Ok::<(), Error>(())
+                    }
+                }),
+        ));
+    }
+    // Bounded trouble: renewals answered 503 or dropped after applying,
+    // and small forward jumps of the server clock (well under the 1 s
+    // takeover grace between two renewals: a larger jump means a broken
+    // server clock, which no client can make safe).
+    server.inject(Fault::status(503).on(Operation::Renew).every(3));
+    server.inject(Fault::drop_response().on(Operation::Renew).every(5));
+    for _ in 0..6 {
+        tokio::time::sleep(Duration::from_millis(1_500)).await;
+        server.advance(Duration::from_millis(300));
+    }
+    let _ = stop_tx.send(());
+    for candidate in candidates {
+        let result = tokio::time::timeout(Duration::from_secs(20), candidate)
+            .await
+            .expect("every candidate steps down")
+            .unwrap();
+        assert!(result.is_ok(), "{result:?}");
+    }
+    let violations = violations.lock().unwrap().clone();
+    assert!(violations.is_empty(), "{violations:#?}");
+    let fences = fences.lock().unwrap().clone();
+    assert!(!fences.is_empty());
+    assert!(fences.windows(2).all(|w| w[0] < w[1]), "{fences:?}");
+    println!("stress: {} terms, fences {fences:?}", fences.len());
+}
