@@ -361,3 +361,33 @@ async fn under_faults_and_clock_jumps_at_most_one_term_believes_it_leads() {
     assert!(fences.windows(2).all(|w| w[0] < w[1]), "{fences:?}");
     println!("stress: {} terms, fences {fences:?}", fences.len());
 }
+
+/// A leader cancelled by its supervisor (the run future dropped mid-term)
+/// stops renewing and hands its release to the client; `shutdown` waits
+/// for it, so the next replica need not wait out the ttl.
+#[tokio::test]
+async fn a_leader_dropped_mid_term_releases_through_the_client() {
+    let server = MockServer::start().await;
+    let client = mock_client(&server);
+    let elected = Arc::new(AtomicBool::new(false));
+    let run = tokio::spawn(client.locks().leader(KEY, TTL).run({
+        let elected = elected.clone();
+        move |_term| {
+            let elected = elected.clone();
+            async move {
+                elected.store(true, Ordering::SeqCst);
+                std::future::pending::<Result<(), Error>>().await
+            }
+        }
+    }));
+    assert!(eventually(Duration::from_secs(5), || elected.load(Ordering::SeqCst)).await);
+    assert!(held_on_server(&server));
+    run.abort();
+    assert!(run.await.unwrap_err().is_cancelled());
+    assert_eq!(
+        client.shutdown(Duration::from_secs(10)).await,
+        Vec::<String>::new()
+    );
+    assert!(!held_on_server(&server), "released, not left for the ttl");
+    assert_eq!(client.active_renewals(), 0);
+}
