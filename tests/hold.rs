@@ -8,8 +8,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use common::*;
-use volcano::{Error, HeldLock, LostReason};
-use volcano_mock_server::{MockServer, Operation};
+use volcano::{Client, Error, HeldLock, LeaseClock, LostReason};
+use volcano_mock_server::{Fault, MockServer, Operation};
 
 const KEY: &str = "ingest";
 const TTL: Duration = Duration::from_secs(5);
@@ -137,5 +137,78 @@ async fn hold_waits_for_a_held_lock_and_recovers_with_the_callers_token() {
     let again = locks.hold(KEY, TTL).token(token).await.unwrap();
     assert_eq!(again.lease().fencing_token(), fence);
     again.release().await.unwrap();
+    assert_eq!(held_on_server(&server), None);
+}
+
+/// A client for the mock server whose locks use `clock`, with a request
+/// timeout long enough not to matter.
+fn client_on(server: &MockServer, clock: &LeaseClock) -> Client {
+    Client::builder()
+        .service_key(server.service_key())
+        .api_url(server.url())
+        .timeout(Duration::from_secs(120))
+        .lease_clock(clock.clone())
+        .build()
+        .unwrap()
+}
+
+/// Guards do not look at their deadline on a timer: a sleeping renewal task
+/// must be woken by the jump itself (a suspend, here an advance).
+#[tokio::test]
+async fn a_clock_jump_wakes_a_sleeping_guard_at_once() {
+    let server = MockServer::start().await;
+    let clock = LeaseClock::adjustable();
+    let client = client_on(&server, &clock);
+    // ttl 300 s: the next renewal is about a minute away.
+    let held = client
+        .locks()
+        .hold(KEY, Duration::from_secs(300))
+        .await
+        .unwrap();
+    let mut watch = held.watch();
+    clock.advance(Duration::from_secs(301));
+    // Nobody reads the guard: only the renewal task can flip the channel.
+    tokio::time::timeout(Duration::from_secs(5), watch.changed())
+        .await
+        .expect("the loss is announced at once, not at the next renewal")
+        .unwrap();
+    assert_eq!(held.failure().unwrap().reason(), LostReason::Expired);
+    assert!(eventually(Duration::from_secs(5), || client.active_renewals() == 0).await);
+    assert!(
+        renewals(&server).is_empty(),
+        "nothing was sent after the deadline"
+    );
+    drop(held);
+    assert!(client.shutdown(Duration::from_secs(5)).await.is_empty());
+}
+
+/// A renewal whose answer hangs runs on the runtime's clock, which stands
+/// still through a suspend: the loss must not wait for its timeout.
+#[tokio::test]
+async fn a_clock_jump_during_a_hanging_renewal_announces_the_loss_before_its_timeout() {
+    let server = MockServer::start().await;
+    server.inject(Fault::delay_response(Duration::from_secs(60)).on(Operation::Renew));
+    let clock = LeaseClock::adjustable();
+    let client = client_on(&server, &clock);
+    let held = client
+        .locks()
+        .hold(KEY, Duration::from_secs(300))
+        .await
+        .unwrap();
+    let mut watch = held.watch();
+    // The renewal falls due; the server applies it and holds the answer.
+    clock.advance(Duration::from_secs(70));
+    assert!(eventually(Duration::from_secs(5), || renewals(&server).len() == 1).await);
+    // The machine "sleeps" past the deadline while the answer hangs.
+    clock.advance(Duration::from_secs(300));
+    tokio::time::timeout(Duration::from_secs(5), watch.changed())
+        .await
+        .expect("the loss is announced without waiting for the request's timeout")
+        .unwrap();
+    assert_eq!(held.failure().unwrap().reason(), LostReason::Expired);
+    assert!(eventually(Duration::from_secs(5), || client.active_renewals() == 0).await);
+    // The server applied that renewal: the dropped lock is still released.
+    drop(held);
+    assert!(client.shutdown(Duration::from_secs(5)).await.is_empty());
     assert_eq!(held_on_server(&server), None);
 }

@@ -37,6 +37,3 @@ pub use with_lock::WithLock;
 const SAFETY_MARGIN: Duration = Duration::from_secs(1);
 /// Time allowed for one renewal request to arrive.
 const REQUEST_BUDGET: Duration = Duration::from_secs(1);
-/// Longest sleep between two looks at the deadline (a suspended machine
-/// wakes its timers late; the lease clock does not lag).
-const CHECK_INTERVAL: Duration = Duration::from_secs(1);

@@ -57,14 +57,12 @@ pub(super) async fn renew_in_window(state: &State, locks: &Locks) -> Result<(), 
         }
         let lease = state.lease();
         let request_id = validate::new_uuid();
-        // Boxed: the request's state lives on the heap only while it is in
-        // flight, so a sleeping renewal task stays small.
-        let renew = locks
+        let result = locks
             .renew(&lease, state.ttl)
             .request_id(request_id.clone())
             .timeout(budget.min(locks.client().timeout()))
-            .send_measured();
-        let result = Box::pin(renew).await;
+            .send_measured()
+            .await;
         match result {
             Ok(renewed) => {
                 tracing::debug!(
@@ -137,7 +135,18 @@ pub(super) async fn renewal_task(
         if !state.sleep_while_held(next_at).await {
             return;
         }
-        if let Err(lost) = renew_in_window(&state, &locks).await {
+        // A request's timeout runs on the runtime's clock, which stands
+        // still through a suspend: the deadline is watched beside it, so the
+        // loss is announced on time. Boxed: this state is on the heap only
+        // while renewing, so a sleeping renewal task stays small.
+        let renewed = Box::pin(async {
+            tokio::select! {
+                renewed = renew_in_window(&state, &locks) => renewed,
+                () = state.wait_lost() => Err(state.failure().expect("a loss is recorded")),
+            }
+        })
+        .await;
+        if let Err(lost) = renewed {
             state.mark(lost);
             return;
         }

@@ -7,9 +7,9 @@ use std::time::Duration;
 use tokio::sync::watch;
 
 use super::renewal::renewal_delay;
-use super::{CHECK_INTERVAL, REQUEST_BUDGET, SAFETY_MARGIN};
+use super::{REQUEST_BUDGET, SAFETY_MARGIN};
 use crate::error::{LockLost, LostReason};
-use crate::locks::clock::LeaseClock;
+use crate::locks::clock::{Jumps, LeaseClock};
 use crate::locks::lease::LockLease;
 use crate::locks::Measured;
 use crate::validate;
@@ -38,6 +38,9 @@ pub(super) struct State {
     cap: Duration,
     held: Mutex<Held>,
     pub(super) lost: watch::Sender<bool>,
+    /// The clock's jumps (suspends, test advances): a sleeper wakes on one
+    /// to look at the deadline again.
+    jumps: Jumps,
 }
 
 impl State {
@@ -59,6 +62,7 @@ impl State {
                 lease: acquired.lease,
                 failure: None,
             }),
+            jumps: clock.jumps(),
             clock,
             lost: watch::Sender::new(false),
         }
@@ -86,10 +90,15 @@ impl State {
 
     /// How long the server may still keep the latest lease: the local
     /// deadline is conservative by up to a second of `Date` rounding plus
-    /// the time an answer took, so allow a little more.
+    /// the time an answer took, so allow a little more. After an expiry a
+    /// renewal's outcome may be unknown (unanswered, or answered too late),
+    /// and one applied late holds the lease a whole ttl from now.
     pub(super) fn server_may_hold_for(&self) -> Duration {
-        self.remaining()
-            .saturating_add(SAFETY_MARGIN + REQUEST_BUDGET)
+        let expired = self
+            .failure()
+            .is_some_and(|lost| lost.reason() == LostReason::Expired);
+        let left = if expired { self.ttl } else { self.remaining() };
+        left.saturating_add(SAFETY_MARGIN + REQUEST_BUDGET)
     }
 
     /// Records a loss; the first one wins and flips the watch channel.
@@ -153,31 +162,43 @@ impl State {
         self.clock.now() + self.next_delay()
     }
 
-    /// Waits until the lease clock reads `until`, looking at the deadline at
-    /// least once a second; false if the lock was lost meanwhile.
+    /// Waits until the lease clock reads `until`; false if the lock was lost
+    /// meanwhile. Wakes early only when the lock is lost, marked, or the
+    /// clock jumps (a suspend): no periodic look at the deadline.
     pub(super) async fn sleep_while_held(&self, until: Duration) -> bool {
+        let mut lost = self.lost.subscribe();
         loop {
+            // Watch first, then read the clock: a jump in between still wakes.
+            let mut jumps = self.jumps.watch();
             if self.check() {
                 return false;
             }
-            let left = until.saturating_sub(self.clock.now());
-            if left.is_zero() {
+            let now = self.clock.now();
+            if now >= until {
                 return true;
             }
-            tokio::time::sleep(left.min(CHECK_INTERVAL)).await;
+            let wake = until.min(self.deadline()).saturating_sub(now);
+            tokio::select! {
+                _ = tokio::time::sleep(wake) => {}
+                _ = jumps.next() => {}
+                _ = lost.changed() => {}
+            }
         }
     }
 
+    /// Completes when the lock is lost: marked, or its deadline passed (the
+    /// expiry is recorded then).
     pub(super) async fn wait_lost(&self) {
-        let mut changes = self.lost.subscribe();
+        let mut lost = self.lost.subscribe();
         loop {
+            let mut jumps = self.jumps.watch();
             if self.check() {
                 return;
             }
-            let left = self.remaining().min(CHECK_INTERVAL);
             tokio::select! {
-                _ = changes.changed() => {}
-                _ = tokio::time::sleep(left) => {}
+                _ = lost.changed() => {}
+                _ = tokio::time::sleep(self.remaining()) => {}
+                _ = jumps.next() => {}
             }
         }
     }
