@@ -391,3 +391,263 @@ async fn a_leader_dropped_mid_term_releases_through_the_client() {
     assert!(!held_on_server(&server), "released, not left for the ttl");
     assert_eq!(client.active_renewals(), 0);
 }
+
+/// A candidate on a runtime of its own with one worker thread, so that a
+/// stall freezes all of it (term, renewal, timers) as a paused process is
+/// frozen, and a kill stops it as a crash does (no release). Its lease
+/// clock is adjustable, so that it can jump as after a suspend.
+struct Frozen {
+    runtime: Option<tokio::runtime::Runtime>,
+    clock: volcano::LeaseClock,
+    stall: Stall,
+}
+
+/// A stall waiting to happen: taken by the candidate's term if it leads
+/// (which then looks at the server and at its belief first thing after
+/// thawing, before anything else of the candidate can run), else by a
+/// task of its own.
+type Stall = Arc<Mutex<Option<Duration>>>;
+
+/// Blocks the only worker, if a stall is waiting: nothing else of this
+/// candidate runs meanwhile.
+fn take_stall(stall: &Stall) -> bool {
+    let by = stall.lock().unwrap().take();
+    if let Some(by) = by {
+        std::thread::sleep(by);
+    }
+    by.is_some()
+}
+
+impl Frozen {
+    fn stall(&self, by: Duration) {
+        if let Some(runtime) = &self.runtime {
+            *self.stall.lock().unwrap() = Some(by);
+            let stall = self.stall.clone();
+            runtime.spawn(async move {
+                // A leading term takes it within 20 ms.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                take_stall(&stall);
+            });
+        }
+    }
+
+    fn kill(&mut self) {
+        if let Some(runtime) = self.runtime.take() {
+            runtime.shutdown_background();
+        }
+    }
+}
+
+/// What a term saw: violations of "one leader at a time", and the fencing
+/// token of each term that began believing it led.
+#[derive(Clone, Default)]
+struct Ledger {
+    violations: Arc<Mutex<Vec<String>>>,
+    /// (candidate, fencing token) of each term, in order.
+    fences: Arc<Mutex<Vec<(usize, i64)>>>,
+    /// Terms that thawed from a stall to find the key granted to another.
+    stale_thaws: Arc<AtomicUsize>,
+}
+
+fn frozen_candidate(
+    id: usize,
+    server: Arc<MockServer>,
+    key: String,
+    ledger: Ledger,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> Frozen {
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let clock = volcano::LeaseClock::adjustable();
+    let client = volcano::Client::builder()
+        .service_key(server.service_key())
+        .api_url(server.url())
+        .timeout(Duration::from_secs(5))
+        .lease_clock(clock.clone())
+        .build()
+        .unwrap();
+    let errors = ledger.violations.clone();
+    let stall = Stall::default();
+    let term_stall = stall.clone();
+    runtime.spawn(async move {
+        let mut stop = stop;
+        let result = client
+            .locks()
+            .leader(key.clone(), TTL)
+            .until(async move {
+                let _ = stop.wait_for(|stopped| *stopped).await;
+            })
+            .run(move |term| {
+                let (server, key, ledger) = (server.clone(), key.clone(), ledger.clone());
+                let stall = term_stall.clone();
+                async move {
+                    let mine = term.lease().fencing_token();
+                    {
+                        let mut fences = ledger.fences.lock().unwrap();
+                        if !term.is_lost() {
+                            fences.push((id, mine));
+                        }
+                    }
+                    loop {
+                        let thawed = take_stall(&stall);
+                        // The server's view first, then the belief.
+                        let granted = server
+                            .locks()
+                            .into_iter()
+                            .find(|l| l.key == key && l.live)
+                            .map(|l| l.fencing_token);
+                        if thawed && granted.is_some_and(|f| f != mine) {
+                            ledger.stale_thaws.fetch_add(1, Ordering::SeqCst);
+                        }
+                        if !term.is_lost() && granted.is_some_and(|f| f != mine) {
+                            ledger.violations.lock().unwrap().push(format!(
+                                "term {mine} believed it led while the server granted {granted:?}"
+                            ));
+                        }
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                    }
+                    #[allow(unreachable_code)]
+                    Ok::<(), Error>(())
+                }
+            })
+            .await;
+        if let Err(err) = result {
+            errors
+                .lock()
+                .unwrap()
+                .push(format!("a candidate ended with {err:?}"));
+        }
+        let _ = client.shutdown(Duration::from_secs(5)).await;
+    });
+    Frozen {
+        runtime: Some(runtime),
+        clock,
+        stall,
+    }
+}
+
+/// Candidates stalled (frozen for up to longer than the ttl, as a paused
+/// process or a long GC pause), suspended (lease clock jumped), killed and
+/// replaced at random, under renewal faults, for a bounded time: no term
+/// believes it leads while the server grants the key to another, and each
+/// term's fencing token is higher than the last. The seed is printed;
+/// `VOLCANO_LEADER_SEED` replays a schedule (timing still varies), and
+/// `VOLCANO_LEADER_EVENTS` (default 14, about a second each) runs longer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn candidates_stalled_suspended_and_killed_at_random_never_lead_together() {
+    use volcano_mock_server::{Fault, Operation};
+    let seed: u64 = std::env::var("VOLCANO_LEADER_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        });
+    println!("VOLCANO_LEADER_SEED={seed}");
+    let mut state = seed | 1;
+    // xorshift64: enough for a schedule, and replayable from the seed.
+    let mut next = move |below: u64| {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        state % below
+    };
+
+    let server = Arc::new(MockServer::start().await);
+    server.inject(Fault::status(503).on(Operation::Renew).every(4));
+    server.inject(Fault::drop_response().on(Operation::Renew).every(7));
+    let key = format!("{KEY}-frozen");
+    let ledger = Ledger::default();
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let start = |id| {
+        let (server, key, ledger) = (server.clone(), key.clone(), ledger.clone());
+        frozen_candidate(id, server, key, ledger, stop_rx.clone())
+    };
+    // candidates[i] has id ids[i]; a replacement gets a new id.
+    let mut candidates: Vec<Frozen> = (0..3).map(start).collect();
+    let mut ids: Vec<usize> = (0..3).collect();
+    let (mut stalls, mut jumps, mut kills) = (0, 0, 0);
+    let events: usize = std::env::var("VOLCANO_LEADER_EVENTS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(14);
+    for event in 0..events {
+        tokio::time::sleep(Duration::from_millis(700 + next(800))).await;
+        // Mostly the latest leader: trouble for a follower changes little.
+        let leader = ledger.fences.lock().unwrap().last().map(|(id, _)| *id);
+        let i = match ids.iter().position(|id| Some(*id) == leader) {
+            Some(i) if next(4) > 0 => i,
+            _ => next(candidates.len() as u64) as usize,
+        };
+        // The first event is always a stall long enough for a takeover.
+        match if event == 0 { 0 } else { next(5) } {
+            0 => {
+                candidates[i].stall(TTL + Duration::from_millis(4_000 + next(3_000)));
+                stalls += 1;
+            }
+            1 => {
+                candidates[i].stall(Duration::from_millis(200 + next(1_800)));
+                stalls += 1;
+            }
+            2 => {
+                candidates[i]
+                    .clock
+                    .advance(Duration::from_millis(1_000 + next(7_000)));
+                jumps += 1;
+            }
+            3 => {
+                candidates[i].kill();
+                ids[i] = 3 + kills;
+                candidates[i] = start(ids[i]);
+                kills += 1;
+            }
+            _ => {}
+        }
+    }
+    stop_tx.send(true).unwrap();
+    // Every live candidate steps down (a stalled one once it thaws).
+    let stepped_down = eventually(Duration::from_secs(20), || !server_holds(&server, &key)).await;
+    for candidate in &mut candidates {
+        candidate.kill();
+    }
+    let violations = ledger.violations.lock().unwrap().clone();
+    assert!(violations.is_empty(), "seed {seed}: {violations:#?}");
+    let fences: Vec<i64> = ledger
+        .fences
+        .lock()
+        .unwrap()
+        .iter()
+        .map(|(_, f)| *f)
+        .collect();
+    assert!(
+        fences.len() >= 2,
+        "seed {seed}: leadership changed hands: {fences:?}"
+    );
+    assert!(
+        fences.windows(2).all(|w| w[0] < w[1]),
+        "seed {seed}: {fences:?}"
+    );
+    let stale_thaws = ledger.stale_thaws.load(Ordering::SeqCst);
+    assert!(
+        stale_thaws > 0,
+        "seed {seed}: no stalled leader woke up to find another leading; nothing was tested"
+    );
+    assert!(
+        stepped_down,
+        "seed {seed}: the last leader released on stopping"
+    );
+    println!(
+        "frozen: {} terms over {stalls} stalls ({stale_thaws} leaders thawed into another's term), \
+         {jumps} clock jumps, {kills} kills; fences {fences:?}",
+        fences.len()
+    );
+}
+
+fn server_holds(server: &MockServer, key: &str) -> bool {
+    server.locks().iter().any(|l| l.key == key && l.live)
+}

@@ -135,14 +135,17 @@ pub(super) async fn renewal_task(
         if !state.sleep_while_held(next_at).await {
             return;
         }
-        // A request's timeout runs on the runtime's clock, which stands
-        // still through a suspend: the deadline is watched beside it, so the
-        // loss is announced on time. Boxed: this state is on the heap only
-        // while renewing, so a sleeping renewal task stays small.
+        // Each request's timeout ends before the deadline on the runtime's
+        // clock, which stands still through a suspend: a jump of the lease
+        // clock is watched beside it, so the loss is announced on time.
+        // Boxed: this state is on the heap only while renewing, so a
+        // sleeping renewal task stays small.
         let renewed = Box::pin(async {
             tokio::select! {
                 renewed = renew_in_window(&state, &locks) => renewed,
-                () = state.wait_lost() => Err(state.failure().expect("a loss is recorded")),
+                () = state.lost_behind_timers() => {
+                    Err(state.failure().expect("a loss is recorded"))
+                }
             }
         })
         .await;

@@ -186,6 +186,23 @@ impl State {
         }
     }
 
+    /// Completes when the lock is lost in a way the runtime's timers cannot
+    /// foresee: it is marked, or the clock jumps (from then on the deadline
+    /// is watched as [`State::wait_lost`] does). Without a jump a timer set
+    /// before the deadline fires before it, so no timer is needed here.
+    pub(super) async fn lost_behind_timers(&self) {
+        let mut lost = self.lost.subscribe();
+        let mut jumps = self.jumps.watch();
+        if self.check() {
+            return;
+        }
+        tokio::select! {
+            _ = lost.changed() => return,
+            () = jumps.next() => {}
+        }
+        self.wait_lost().await;
+    }
+
     /// Completes when the lock is lost: marked, or its deadline passed (the
     /// expiry is recorded then).
     pub(super) async fn wait_lost(&self) {
