@@ -35,6 +35,7 @@ mod background;
 mod client;
 mod error;
 mod locks;
+mod realtime;
 mod ops;
 mod transport;
 mod validate;

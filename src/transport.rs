@@ -16,6 +16,7 @@ use crate::error::{
     ApiError, Error, InvalidReason, InvalidResponse, Result, TransportError, TransportKind,
 };
 use crate::ops::{header_value, Operation};
+use crate::realtime::{Stopwatch, PAUSED_CLOCK};
 
 /// Header carrying the request id (all five operations).
 pub(crate) const REQUEST_ID_HEADER: &str = "x-volcano-request-id";
@@ -120,10 +121,13 @@ impl Transport {
                 attempt,
                 status = tracing::field::Empty,
             );
+            let stopwatch = Stopwatch::start();
             let result = self
                 .attempt(op, request, request_id)
                 .instrument(span.clone())
                 .await;
+            // A paused clock makes every wait for an answer time out at once.
+            assert!(!stopwatch.runtime_ran_ahead(), "volcano: {PAUSED_CLOCK}");
             let in_time = timing.send_by.is_none_or(|by| Instant::now() < by);
             match (result, replay) {
                 (Err(err), Some(again)) if retryable(&err) && in_time => {

@@ -14,6 +14,9 @@ use tokio::sync::watch;
 /// The default, [`LeaseClock::boottime`], keeps counting while the machine
 /// is suspended (Linux `CLOCK_BOOTTIME`), so a laptop that sleeps through its
 /// lease wakes up knowing the lease is gone. Wall-clock jumps never affect it.
+/// Elsewhere it is the monotonic clock, which on some systems (macOS) stops
+/// during sleep: there a guard learns of a slept-through lease only when its
+/// renewal is refused.
 ///
 /// [`LeaseClock::adjustable`] follows the same time but can be moved
 /// forward, to simulate a suspend or a stalled process in tests. Guards on
@@ -99,6 +102,14 @@ pub(crate) struct Jumps {
 }
 
 impl Jumps {
+    /// A subscription that never fires.
+    pub(crate) fn none() -> Jumps {
+        Jumps {
+            suspends: None,
+            moved: None,
+        }
+    }
+
     /// A fresh watch that sees only the jumps after this call: take it
     /// before reading the clock, then sleep on [`Jumps::next`].
     pub(crate) fn watch(&self) -> Jumps {
@@ -187,9 +198,12 @@ mod suspend {
         let rx = detector.suspends.subscribe();
         let mut running = detector.running.lock().unwrap_or_else(|p| p.into_inner());
         if !*running {
+            // The baseline is taken now, not when the thread first runs: a
+            // suspend in between must count.
+            let baseline = (Instant::now(), super::raw_now());
             let spawned = std::thread::Builder::new()
                 .name("volcano-suspend-watch".into())
-                .spawn(move || watch_for_suspends(detector));
+                .spawn(move || watch_for_suspends(detector, baseline));
             match spawned {
                 Ok(_) => *running = true,
                 Err(err) => tracing::warn!(
@@ -215,9 +229,8 @@ mod suspend {
             .is_some_and(|d| *d.running.lock().unwrap_or_else(|p| p.into_inner()))
     }
 
-    fn watch_for_suspends(detector: &'static Detector) {
-        let (origin, boot_origin) = (Instant::now(), super::raw_now());
-        let mut seen = drift(origin, boot_origin);
+    fn watch_for_suspends(detector: &'static Detector, (origin, boot_origin): (Instant, Duration)) {
+        let mut seen = Duration::ZERO;
         loop {
             std::thread::sleep(LOOK_EVERY);
             let now = drift(origin, boot_origin);

@@ -57,12 +57,18 @@ pub(super) async fn renew_in_window(state: &State, locks: &Locks) -> Result<(), 
         }
         let lease = state.lease();
         let request_id = validate::new_uuid();
+        state.renewal_sent();
         let result = locks
             .renew(&lease, state.ttl)
             .request_id(request_id.clone())
             .timeout(budget.min(locks.client().timeout()))
             .send_measured()
             .await;
+        // Answered one way or the other; a transient failure may have been
+        // applied, and leaves the outcome unknown.
+        if !matches!(&result, Err(err) if is_transient(err)) {
+            state.renewal_settled();
+        }
         match result {
             Ok(renewed) => {
                 tracing::debug!(

@@ -12,6 +12,7 @@ use crate::error::{LockLost, LostReason};
 use crate::locks::clock::{Jumps, LeaseClock};
 use crate::locks::lease::LockLease;
 use crate::locks::Measured;
+use crate::realtime::{Stopwatch, PAUSED_CLOCK};
 use crate::validate;
 
 /// The lease-clock deadline of a lease obtained by a request sent at
@@ -27,6 +28,13 @@ struct Held {
     /// Lease-clock reading after which the lease may be gone.
     deadline: Duration,
     failure: Option<LockLost>,
+    /// A renewal was sent and its outcome is not known yet (in flight, or
+    /// abandoned in flight): the server may hold the lease a whole ttl.
+    renewal_unsettled: bool,
+    /// The clock's jumps (suspends, test advances): a sleeper wakes on one
+    /// to look at the deadline again. Dropped once the lock is lost, so a
+    /// guard kept afterwards does not keep the suspend detector running.
+    jumps: Option<Jumps>,
 }
 
 /// Shared by every clone of a guard and by its renewal task.
@@ -38,9 +46,6 @@ pub(super) struct State {
     cap: Duration,
     held: Mutex<Held>,
     pub(super) lost: watch::Sender<bool>,
-    /// The clock's jumps (suspends, test advances): a sleeper wakes on one
-    /// to look at the deadline again.
-    jumps: Jumps,
 }
 
 impl State {
@@ -61,8 +66,9 @@ impl State {
                 deadline: deadline(&acquired, ttl, cap),
                 lease: acquired.lease,
                 failure: None,
+                renewal_unsettled: false,
+                jumps: Some(clock.jumps()),
             }),
-            jumps: clock.jumps(),
             clock,
             lost: watch::Sender::new(false),
         }
@@ -92,12 +98,22 @@ impl State {
     /// deadline is conservative by up to a second of `Date` rounding plus
     /// the time an answer took, so allow a little more. After an expiry a
     /// renewal's outcome may be unknown (unanswered, or answered too late),
-    /// and one applied late holds the lease a whole ttl from now.
+    /// as it is when one was abandoned in flight, and one applied late
+    /// holds the lease a whole ttl from now.
     pub(super) fn server_may_hold_for(&self) -> Duration {
-        let expired = self
-            .failure()
-            .is_some_and(|lost| lost.reason() == LostReason::Expired);
-        let left = if expired { self.ttl } else { self.remaining() };
+        let unsettled = {
+            let held = self.held();
+            held.renewal_unsettled
+                || held
+                    .failure
+                    .as_ref()
+                    .is_some_and(|lost| lost.reason() == LostReason::Expired)
+        };
+        let left = if unsettled {
+            self.ttl
+        } else {
+            self.remaining()
+        };
         left.saturating_add(SAFETY_MARGIN + REQUEST_BUDGET)
     }
 
@@ -109,6 +125,7 @@ impl State {
                 return;
             }
             held.failure = Some(lost.clone());
+            held.jumps = None;
             held.lease.fencing_token()
         };
         self.lost
@@ -135,6 +152,25 @@ impl State {
             return true;
         }
         false
+    }
+
+    /// Records that a renewal is being sent (its outcome unknown until
+    /// [`State::renewal_settled`]).
+    pub(super) fn renewal_sent(&self) {
+        self.held().renewal_unsettled = true;
+    }
+
+    /// Records that the renewal sent was answered.
+    pub(super) fn renewal_settled(&self) {
+        self.held().renewal_unsettled = false;
+    }
+
+    /// A watch of the clock's jumps from now on (none once lost).
+    fn jumps(&self) -> Jumps {
+        self.held()
+            .jumps
+            .as_ref()
+            .map_or_else(Jumps::none, Jumps::watch)
     }
 
     /// Takes a renewal.
@@ -169,7 +205,7 @@ impl State {
         let mut lost = self.lost.subscribe();
         loop {
             // Watch first, then read the clock: a jump in between still wakes.
-            let mut jumps = self.jumps.watch();
+            let mut jumps = self.jumps();
             if self.check() {
                 return false;
             }
@@ -178,11 +214,25 @@ impl State {
                 return true;
             }
             let wake = until.min(self.deadline()).saturating_sub(now);
+            let stopwatch = Stopwatch::start();
             tokio::select! {
-                _ = tokio::time::sleep(wake) => {}
+                _ = tokio::time::sleep(wake) => self.check_runtime_clock(&stopwatch),
                 _ = jumps.next() => {}
                 _ = lost.changed() => {}
             }
+        }
+    }
+
+    /// After a sleep on the runtime's clock: if that clock ran ahead of real
+    /// time, it is paused (a test's `start_paused`), and every sleep would
+    /// end at once from now on. Ends the lock with the reason rather than
+    /// spin.
+    fn check_runtime_clock(&self, stopwatch: &Stopwatch) {
+        if stopwatch.runtime_ran_ahead() {
+            tracing::error!(key = %self.key, "{PAUSED_CLOCK}");
+            self.mark(
+                LockLost::new(self.key.clone(), LostReason::Expired).with_detail(PAUSED_CLOCK),
+            );
         }
     }
 
@@ -192,7 +242,7 @@ impl State {
     /// before the deadline fires before it, so no timer is needed here.
     pub(super) async fn lost_behind_timers(&self) {
         let mut lost = self.lost.subscribe();
-        let mut jumps = self.jumps.watch();
+        let mut jumps = self.jumps();
         if self.check() {
             return;
         }
@@ -208,13 +258,14 @@ impl State {
     pub(super) async fn wait_lost(&self) {
         let mut lost = self.lost.subscribe();
         loop {
-            let mut jumps = self.jumps.watch();
+            let mut jumps = self.jumps();
             if self.check() {
                 return;
             }
+            let stopwatch = Stopwatch::start();
             tokio::select! {
                 _ = lost.changed() => {}
-                _ = tokio::time::sleep(self.remaining()) => {}
+                _ = tokio::time::sleep(self.remaining()) => self.check_runtime_clock(&stopwatch),
                 _ = jumps.next() => {}
             }
         }
