@@ -142,6 +142,34 @@ impl Error {
         matches!(self, Error::Transport(_))
     }
 
+    /// True when trying again later may succeed: no answer (a transport
+    /// failure or timeout), `429` (after [`Error::retry_after`]), or
+    /// `500`/`502`/`503`/`504`. False for everything that will fail the
+    /// same way again (a conflict, bad credentials, a bad argument) and for
+    /// [`Error::LockLost`]. Acquire with your own token (or release) when
+    /// retrying something that may have been applied: both are idempotent.
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: volcano::Locks) -> Result<(), volcano::Error> {
+    /// use std::time::Duration;
+    /// let lease = loop {
+    ///     match locks.get("nightly-report").await {
+    ///         Err(err) if err.is_transient() => {
+    ///             tokio::time::sleep(err.retry_after().unwrap_or(Duration::from_secs(1))).await
+    ///         }
+    ///         other => break other?,
+    ///     }
+    /// };
+    /// # let _ = lease; Ok(()) }
+    /// ```
+    pub fn is_transient(&self) -> bool {
+        match self {
+            Error::Transport(_) | Error::RateLimited(_) => true,
+            Error::Server(api) => matches!(api.status(), Some(500 | 502 | 503 | 504)),
+            _ => false,
+        }
+    }
+
     /// True when the request may have been applied although no usable
     /// answer says so: no answer (a refused connection excepted), a 5xx
     /// from the service or a proxy, an unexpected status, or a success
@@ -392,27 +420,34 @@ impl LockLost {
     }
 }
 
-impl fmt::Display for LockLost {
+impl fmt::Display for LostReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let why = match self.reason {
+        f.write_str(match self {
             LostReason::RenewalFailed => "renewal failed",
             LostReason::Expired => "lease expired before renewal completed",
             LostReason::NoSafeWindow => "renewal returned no safe lease window",
             LostReason::Marked => "marked lost",
             LostReason::Released => "the scoped lock ended and was released",
-        };
-        write!(f, "lock {:?} lost: {why}", self.key)?;
+        })
+    }
+}
+
+/// Reads once: the reason, the detail given to `mark_lost`, and the request
+/// error behind it (`lock "k" lost: renewal failed: lock conflict (HTTP 409
+/// lock_ownership_lost: …)`). The cause is part of the message, so
+/// [`std::error::Error::source`] does not repeat it; [`LockLost::cause`]
+/// gives it typed.
+impl fmt::Display for LockLost {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "lock {:?} lost: {}", self.key, self.reason)?;
         if let Some(detail) = &self.detail {
             write!(f, " ({detail})")?;
+        }
+        if let Some(cause) = &self.cause {
+            write!(f, ": {cause}")?;
         }
         Ok(())
     }
 }
 
-impl std::error::Error for LockLost {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        self.cause
-            .as_deref()
-            .map(|e| e as &(dyn std::error::Error + 'static))
-    }
-}
+impl std::error::Error for LockLost {}

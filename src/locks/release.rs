@@ -31,11 +31,7 @@ const BACKOFF_MIN: Duration = Duration::from_millis(100);
 /// healthy service or proxy sends while it recovers. `InvalidResponse`
 /// counts too: a success status was seen, so the request may have applied.
 pub(crate) fn is_transient(err: &Error) -> bool {
-    match err {
-        Error::Transport(_) | Error::RateLimited(_) | Error::InvalidResponse(_) => true,
-        Error::Server(api) => matches!(api.status(), Some(500 | 502 | 503 | 504)),
-        _ => false,
-    }
+    err.is_transient() || matches!(err, Error::InvalidResponse(_))
 }
 
 /// How hard one release tries.
