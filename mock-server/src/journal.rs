@@ -76,6 +76,8 @@ impl RecordedRequest {
 #[derive(Default)]
 pub(crate) struct Journal {
     entries: Mutex<(u64, VecDeque<RecordedRequest>)>,
+    /// Ticks on every entry recorded, for [`Journal::wait_for`].
+    recorded: tokio::sync::watch::Sender<()>,
 }
 
 impl Journal {
@@ -88,6 +90,30 @@ impl Journal {
             journal.1.pop_front();
         }
         journal.1.push_back(entry);
+        drop(journal);
+        self.recorded.send_replace(());
+    }
+
+    /// The oldest entry kept that matches, waiting for one to be recorded
+    /// if there is none yet.
+    pub(crate) async fn wait_for(
+        &self,
+        matches: impl Fn(&RecordedRequest) -> bool,
+    ) -> RecordedRequest {
+        // Subscribed before looking: an entry recorded in between still wakes.
+        let mut recorded = self.recorded.subscribe();
+        loop {
+            let found = lock_unpoisoned(&self.entries)
+                .1
+                .iter()
+                .find(|r| matches(r))
+                .cloned();
+            if let Some(found) = found {
+                return found;
+            }
+            // The sender lives as long as the journal, which `&self` keeps.
+            let _ = recorded.changed().await;
+        }
     }
 
     /// Every entry kept, oldest first.

@@ -181,6 +181,38 @@ impl MockServer {
         self.shared.journal.entries()
     }
 
+    /// Waits up to `timeout` for a lock request of `operation` answered
+    /// with `status` (as sent, or as it would have been sent when the
+    /// answer was dropped on purpose), and returns its journal entry: the
+    /// oldest such entry already in the journal, else the next one
+    /// recorded. `None` if none came in time. To wait for a later one,
+    /// [`MockServer::reset`] first, or look at `seq`.
+    ///
+    /// ```no_run
+    /// # async fn demo() {
+    /// use std::time::Duration;
+    /// use volcano_mock_server::{Fault, MockServer, Operation};
+    /// let server = MockServer::start().await;
+    /// server.inject(Fault::status(409).on(Operation::Renew));
+    /// // ... start the code under test, which holds a lock ...
+    /// let rejected = server
+    ///     .wait_for(Operation::Renew, 409, Duration::from_secs(10))
+    ///     .await
+    ///     .expect("a renewal was rejected");
+    /// # let _ = rejected; }
+    /// ```
+    pub async fn wait_for(
+        &self,
+        operation: Operation,
+        status: u16,
+        timeout: Duration,
+    ) -> Option<RecordedRequest> {
+        let matching = |r: &RecordedRequest| r.operation == operation && r.status == Some(status);
+        tokio::time::timeout(timeout, self.shared.journal.wait_for(matching))
+            .await
+            .ok()
+    }
+
     /// Every lease the server still keeps (live, or lapsed within the
     /// grace), sorted by key.
     pub fn locks(&self) -> Vec<LockSnapshot> {
