@@ -85,6 +85,31 @@ impl Client {
         Self::from_lookup(|name| std::env::var(name).ok())
     }
 
+    /// A client for an in-process [`mock`](crate::mock) server, with its
+    /// URL and keys and the default settings (feature `mock`). For other
+    /// settings (a [`LeaseClock`], a timeout), start from
+    /// [`Client::builder`] with `server.url()` and `server.service_key()`.
+    ///
+    /// ```no_run
+    /// # async fn demo() -> Result<(), volcano::Error> {
+    /// use std::time::Duration;
+    /// use volcano::mock::{Fault, MockServer, Operation};
+    /// let server = MockServer::start().await;
+    /// let client = volcano::Client::for_mock(&server);
+    /// server.inject(Fault::status(503).on(Operation::Acquire).times(1));
+    /// let lease = client.locks().acquire("job", Duration::from_secs(30)).await?; // retried once
+    /// # let _ = lease; Ok(()) }
+    /// ```
+    #[cfg(feature = "mock")]
+    pub fn for_mock(server: &crate::mock::MockServer) -> Client {
+        Client::builder()
+            .api_url(server.url())
+            .service_key(server.service_key())
+            .anon_key(server.anon_key())
+            .build()
+            .expect("a mock server's URL and keys are valid")
+    }
+
     pub(crate) fn from_lookup(lookup: impl Fn(&str) -> Option<String>) -> Result<Client> {
         let get = |name: &str| lookup(name).filter(|v| !v.is_empty());
         let mut builder = Client::builder();

@@ -4,24 +4,37 @@
 //! expiry and a **fencing token** that rises every time the lock changes
 //! hands. Use them to make sure one worker at a time runs a job.
 //!
+//! Most programs want [`Locks::try_with_lock`] or [`Locks::with_lock`]:
+//! acquire, run your code while the lease renews in the background, release
+//! on every exit.
+//!
 //! ```no_run
 //! use std::time::Duration;
 //!
 //! # async fn demo() -> Result<(), volcano::Error> {
-//! // VOLCANO_ANON_KEY, VOLCANO_SERVICE_KEY, VOLCANO_API_URL
+//! // VOLCANO_SERVICE_KEY (required), VOLCANO_API_URL, VOLCANO_ANON_KEY
 //! let client = volcano::Client::from_env()?;
-//! let locks = client.locks();
-//!
-//! match locks.acquire("nightly-report", Duration::from_secs(30)).await {
-//!     Ok(lease) => {
-//!         // ... run the job, passing lease.fencing_token() to the store ...
-//!         locks.release(&lease).await?;
-//!     }
-//!     Err(err) if err.is_lock_held() => println!("another worker runs it"),
-//!     Err(err) => return Err(err),
+//! let ran = client
+//!     .locks()
+//!     .try_with_lock("nightly-report", Duration::from_secs(60), |guard| async move {
+//!         let fence = guard.lease().fencing_token();
+//!         // ... run the job, passing `fence` to the store; check
+//!         // `guard.is_lost()` before each side effect ...
+//!         Ok::<_, volcano::Error>(fence)
+//!     })
+//!     .await?;
+//! if ran.is_none() {
+//!     println!("another worker holds the lock; skipped this run");
 //! }
 //! # Ok(()) }
 //! ```
+//!
+//! Also: [`Locks::hold`] for a lock kept in a struct ([`HeldLock`]),
+//! [`Locks::leader`] for leader election, and the single requests
+//! ([`Locks::acquire`], `renew`, `get`, `release`, `force_release`) for
+//! full control. Each returns a builder: `.await` it, or call `.send()` for
+//! a future to spawn. To test your code, the `mock` feature brings the
+//! in-process mock server (`volcano::mock`, `Client::for_mock`).
 //!
 //! What a lease cannot promise: a process can pause (GC, swap, suspend)
 //! past its expiry and keep running. The service then hands the lock to
@@ -35,8 +48,8 @@ mod background;
 mod client;
 mod error;
 mod locks;
-mod realtime;
 mod ops;
+mod realtime;
 mod transport;
 mod validate;
 
@@ -51,9 +64,15 @@ pub use error::{
 pub use locks::lease::{LockLease, LockState};
 pub use locks::{
     Acquire, ForceRelease, Get, HeldLock, Hold, Leader, LeaseClock, LockGuard, Locks, Release,
-    Renew, WithLock,
+    Renew, TryWithLock, WithLock,
 };
 pub use validate::{MAX_TTL, MIN_TTL};
+
+/// The in-process mock of the lock service, to test your own code against
+/// (feature `mock`): the `volcano-mock-server` crate, re-exported. Pair it
+/// with [`Client::for_mock`]; see `docs/testing.md`.
+#[cfg(feature = "mock")]
+pub use volcano_mock_server as mock;
 
 /// Hooks for the micro-benchmarks (`cargo bench --features bench --bench
 /// micro`): the SDK's own decoders and request building, run on the real

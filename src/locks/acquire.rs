@@ -193,7 +193,7 @@ impl Acquire {
         self
     }
 
-    async fn send(self) -> Result<LockLease> {
+    async fn execute(self) -> Result<LockLease> {
         self.send_measured().await.map(|measured| measured.lease)
     }
 

@@ -12,6 +12,11 @@ use crate::error::InvalidReason;
 /// Immutable; `renew` returns a new one. Its `Debug` never shows the
 /// ownership token.
 ///
+/// Plain data: dropping a `LockLease` releases nothing and renews nothing
+/// (unlike a `MutexGuard`). Release it yourself, or let
+/// [`Locks::with_lock`](crate::Locks::with_lock) or
+/// [`Locks::hold`](crate::Locks::hold) own the lock, renew it and release it.
+///
 /// ```no_run
 /// # async fn demo(locks: volcano::Locks) -> Result<(), volcano::Error> {
 /// use std::time::Duration;

@@ -209,11 +209,22 @@ macro_rules! common_methods {
             type IntoFuture = $crate::locks::BoxFuture<Self::Output>;
 
             fn into_future(self) -> Self::IntoFuture {
-                Box::pin(self.send())
+                Box::pin(self.execute())
             }
         }
 
         impl $builder {
+            /// Sends the request: the future `.await` runs, as a value that
+            /// can be spawned or stored (a builder itself is not a future):
+            /// `tokio::spawn(locks.get("nightly-report").send())`.
+            pub fn send(
+                self,
+            ) -> impl ::std::future::Future<Output = $crate::error::Result<$output>>
+                   + Send
+                   + 'static {
+                ::std::future::IntoFuture::into_future(self)
+            }
+
             /// Sends this request id (a UUID string, sent exactly as spelled)
             /// instead of a fresh one. Reuse it only to retry the same
             /// logical operation.
@@ -242,5 +253,5 @@ mod wait;
 pub use acquire::Acquire;
 pub(crate) use acquire::Measured;
 pub use clock::LeaseClock;
-pub use guard::{HeldLock, Hold, Leader, LockGuard, WithLock};
+pub use guard::{HeldLock, Hold, Leader, LockGuard, TryWithLock, WithLock};
 pub use requests::{ForceRelease, Get, Release, Renew};

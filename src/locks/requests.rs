@@ -21,7 +21,7 @@ pub struct Renew {
 common_methods!(Renew => LockLease);
 
 impl Renew {
-    async fn send(self) -> Result<LockLease> {
+    async fn execute(self) -> Result<LockLease> {
         self.send_measured().await.map(|measured| measured.lease)
     }
 
@@ -56,7 +56,7 @@ pub struct Get {
 common_methods!(Get => LockState);
 
 impl Get {
-    async fn send(mut self) -> Result<LockState> {
+    async fn execute(mut self) -> Result<LockState> {
         validate::key(&self.key)?;
         self.common.check_timeout()?;
         let request_id = self.common.request_id()?;
@@ -80,7 +80,7 @@ pub struct Release {
 common_methods!(Release => ());
 
 impl Release {
-    async fn send(mut self) -> Result<()> {
+    async fn execute(mut self) -> Result<()> {
         validate::key(self.lease.key())?;
         validate::uuid("token", self.lease.token())?;
         self.common.check_timeout()?;
@@ -110,7 +110,7 @@ pub struct ForceRelease {
 common_methods!(ForceRelease => ());
 
 impl ForceRelease {
-    async fn send(mut self) -> Result<()> {
+    async fn execute(mut self) -> Result<()> {
         validate::key(&self.key)?;
         self.common.check_timeout()?;
         let request_id = self.common.request_id()?;

@@ -2,7 +2,7 @@
 //! outside any closure, in a struct or an `Arc`, until it is released or
 //! dropped. `with_lock` is a thin layer over it.
 
-use std::future::IntoFuture;
+use std::future::{Future, IntoFuture};
 use std::ops::Deref;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
@@ -140,6 +140,15 @@ impl Hold {
         }
         held.start_renewer();
         Ok(held)
+    }
+}
+
+impl Hold {
+    /// Acquires: the future `.await` runs, as a value that can be spawned
+    /// or stored (the builder itself is not a future):
+    /// `tokio::spawn(locks.hold("ingest", ttl).send())`.
+    pub fn send(self) -> impl Future<Output = Result<HeldLock>> + Send + 'static {
+        self.into_future()
     }
 }
 

@@ -31,7 +31,7 @@ use std::time::Duration;
 pub use handle::LockGuard;
 pub use held::{HeldLock, Hold};
 pub use leader::Leader;
-pub use with_lock::WithLock;
+pub use with_lock::{TryWithLock, WithLock};
 
 /// The server needs a renewal more than this long before expiry.
 const SAFETY_MARGIN: Duration = Duration::from_secs(1);

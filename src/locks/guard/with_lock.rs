@@ -18,21 +18,34 @@ use crate::locks::Locks;
 
 /// `locks.with_lock(key, ttl, f)`; see [`Locks::with_lock`].
 #[must_use = "a scoped lock does nothing until it is awaited"]
-pub struct WithLock<'f, F> {
+pub struct WithLock<'f, F, E> {
     /// How the lock is acquired and kept: `with_lock` is `hold`, the
     /// closure, then `release`.
     hold: Hold,
     cancel_on_loss: bool,
     f: F,
+    /// `E::from`, checked where `with_lock` is called, so that a missing
+    /// `From<volcano::Error>` is reported there, once.
+    into_err: fn(Error) -> E,
     _scope: PhantomData<&'f ()>,
 }
 
-impl<F> std::fmt::Debug for WithLock<'_, F> {
+/// `locks.try_with_lock(key, ttl, f)`; see [`Locks::try_with_lock`].
+#[must_use = "a scoped lock does nothing until it is awaited"]
+pub struct TryWithLock<'f, F, E>(WithLock<'f, F, E>);
+
+impl<F, E> std::fmt::Debug for WithLock<'_, F, E> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("WithLock")
             .field("hold", &self.hold)
             .field("cancel_on_loss", &self.cancel_on_loss)
             .finish_non_exhaustive()
+    }
+}
+
+impl<F, E> std::fmt::Debug for TryWithLock<'_, F, E> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_tuple("TryWithLock").field(&self.0).finish()
     }
 }
 
@@ -48,24 +61,46 @@ impl Locks {
     /// `guard.lost()`, or pass `guard.lease().fencing_token()` to the
     /// protected resource.
     ///
+    /// `f`'s error type `E` must implement `From<volcano::Error>`: the lock's
+    /// own failures (held elsewhere, lost, release failed) arrive in it.
+    /// `volcano::Error`, `anyhow::Error` and `Box<dyn Error + Send + Sync>`
+    /// do; for your own type, add a variant:
+    ///
     /// ```no_run
-    /// # async fn demo(locks: volcano::Locks) -> Result<(), volcano::Error> {
     /// use std::time::Duration;
+    ///
+    /// #[derive(Debug)]
+    /// enum JobError {
+    ///     Lock(volcano::Error),
+    ///     Store(std::io::Error),
+    /// }
+    /// impl From<volcano::Error> for JobError {
+    ///     fn from(err: volcano::Error) -> Self {
+    ///         JobError::Lock(err)
+    ///     }
+    /// }
+    ///
+    /// # async fn demo(locks: volcano::Locks) -> Result<(), JobError> {
     /// let fence = locks
     ///     .with_lock("daily-report", Duration::from_secs(30), |guard| async move {
     ///         let fence = guard.lease().fencing_token();
     ///         // ... protected work, passing `fence` to the store ...
-    ///         Ok::<_, volcano::Error>(fence)
+    ///         std::fs::write("/tmp/report", "done").map_err(JobError::Store)?;
+    ///         Ok::<_, JobError>(fence)
     ///     })
     ///     .await?;
     /// # let _ = fence; Ok(()) }
     /// ```
+    ///
+    /// To skip the run when another worker holds the lock, use
+    /// [`Locks::try_with_lock`]. The builder is awaited directly; to spawn
+    /// it, call [`WithLock::send`].
     pub fn with_lock<'f, F, Fut, T, E>(
         &self,
         key: impl Into<String>,
         ttl: Duration,
         f: F,
-    ) -> WithLock<'f, F>
+    ) -> WithLock<'f, F, E>
     where
         F: FnOnce(LockGuard) -> Fut + Send + 'f,
         Fut: Future<Output = std::result::Result<T, E>> + Send + 'f,
@@ -76,12 +111,50 @@ impl Locks {
             hold: self.hold(key, ttl),
             cancel_on_loss: false,
             f,
+            into_err: E::from,
             _scope: PhantomData,
         }
     }
+
+    /// [`Locks::with_lock`], except that a lock held elsewhere is not an
+    /// error: `Ok(None)` means another holder has it and `f` did not run
+    /// ("skip this run"). Only the initial acquire's `409 lock_held` (after
+    /// the [`TryWithLock::wait`], if any, ran out) becomes `None`; a
+    /// `lock_held` from a call inside `f`, a loss, or a failed release
+    /// comes back as an error, as from `with_lock`.
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: volcano::Locks) -> Result<(), volcano::Error> {
+    /// use std::time::Duration;
+    /// let ran = locks
+    ///     .try_with_lock("nightly-report", Duration::from_secs(60), |guard| async move {
+    ///         // ... the job ...
+    ///         Ok::<_, volcano::Error>(guard.lease().fencing_token())
+    ///     })
+    ///     .await?;
+    /// match ran {
+    ///     Some(fence) => println!("ran the report under fencing token {fence}"),
+    ///     None => println!("another worker has it; skipping this run"),
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn try_with_lock<'f, F, Fut, T, E>(
+        &self,
+        key: impl Into<String>,
+        ttl: Duration,
+        f: F,
+    ) -> TryWithLock<'f, F, E>
+    where
+        F: FnOnce(LockGuard) -> Fut + Send + 'f,
+        Fut: Future<Output = std::result::Result<T, E>> + Send + 'f,
+        T: Send + 'f,
+        E: From<Error> + Send + 'f,
+    {
+        TryWithLock(self.with_lock(key, ttl, f))
+    }
 }
 
-impl<F> WithLock<'_, F> {
+impl<F, E> WithLock<'_, F, E> {
     /// Acquire with this ownership token (a UUID string, sent verbatim).
     pub fn token(mut self, token: impl Into<String>) -> Self {
         self.hold = self.hold.token(token);
@@ -110,40 +183,95 @@ impl<F> WithLock<'_, F> {
     }
 }
 
-impl<'f, F, Fut, T, E> IntoFuture for WithLock<'f, F>
+impl<F, E> TryWithLock<'_, F, E> {
+    /// Acquire with this ownership token (a UUID string, sent verbatim).
+    pub fn token(self, token: impl Into<String>) -> Self {
+        TryWithLock(self.0.token(token))
+    }
+
+    /// Acquire with this request id; renewals and the release use fresh ones.
+    pub fn request_id(self, request_id: impl Into<String>) -> Self {
+        TryWithLock(self.0.request_id(request_id))
+    }
+
+    /// If the lock is held, wait up to `timeout` for it before skipping
+    /// (`Ok(None)`).
+    pub fn wait(self, timeout: Duration) -> Self {
+        TryWithLock(self.0.wait(timeout))
+    }
+
+    /// Stop `f` at its next await point once ownership is lost, and return
+    /// `Error::LockLost`.
+    pub fn cancel_on_loss(self) -> Self {
+        TryWithLock(self.0.cancel_on_loss())
+    }
+}
+
+impl<'f, F, Fut, T, E> IntoFuture for WithLock<'f, F, E>
 where
     F: FnOnce(LockGuard) -> Fut + Send + 'f,
     Fut: Future<Output = std::result::Result<T, E>> + Send + 'f,
     T: Send + 'f,
-    E: From<Error> + Send + 'f,
+    E: Send + 'f,
 {
     type Output = std::result::Result<T, E>;
     type IntoFuture = Pin<Box<dyn Future<Output = Self::Output> + Send + 'f>>;
 
     fn into_future(self) -> Self::IntoFuture {
-        Box::pin(self.run())
+        Box::pin(async move {
+            let ran = self.run(false).await?;
+            Ok(ran.expect("with_lock runs f or fails"))
+        })
     }
 }
 
-impl<'f, F, Fut, T, E> WithLock<'f, F>
+impl<'f, F, Fut, T, E> IntoFuture for TryWithLock<'f, F, E>
 where
     F: FnOnce(LockGuard) -> Fut + Send + 'f,
     Fut: Future<Output = std::result::Result<T, E>> + Send + 'f,
     T: Send + 'f,
-    E: From<Error> + Send + 'f,
+    E: Send + 'f,
 {
-    async fn run(self) -> std::result::Result<T, E> {
+    type Output = std::result::Result<Option<T>, E>;
+    type IntoFuture = Pin<Box<dyn Future<Output = Self::Output> + Send + 'f>>;
+
+    fn into_future(self) -> Self::IntoFuture {
+        Box::pin(self.0.run(true))
+    }
+}
+
+impl<'f, F, Fut, T, E> WithLock<'f, F, E>
+where
+    F: FnOnce(LockGuard) -> Fut + Send + 'f,
+    Fut: Future<Output = std::result::Result<T, E>> + Send + 'f,
+    T: Send + 'f,
+    E: Send + 'f,
+{
+    /// Runs it: the future `.await` runs, as a value that can be spawned
+    /// or stored (the builder itself is not a future).
+    pub fn send(self) -> impl Future<Output = std::result::Result<T, E>> + Send + 'f {
+        self.into_future()
+    }
+
+    /// `None` only when `skip_held` and the initial acquire found the lock
+    /// held.
+    async fn run(self, skip_held: bool) -> std::result::Result<Option<T>, E> {
         let WithLock {
             hold,
             cancel_on_loss,
             f,
+            into_err,
             ..
         } = self;
         // Dropping this future from here on drops `held`, which stops the
         // renewal and hands the release to the client.
         // Boxed, as is `finish` below: a future's size is that of its
         // largest state, and the closure's state is the one that lasts.
-        let held = Box::pin(hold.acquire()).await?;
+        let held = match Box::pin(hold.acquire()).await {
+            Ok(held) => held,
+            Err(Error::Conflict(_)) if skip_held => return Ok(None),
+            Err(err) => return Err(into_err(err)),
+        };
         let guard = LockGuard::clone(&held);
         let outcome = CatchUnwind(Box::pin(async move {
             let lost_guard = guard.clone();
@@ -152,7 +280,7 @@ where
                 tokio::select! {
                     biased;
                     result = work => result,
-                    _ = lost_guard.lost() => Err(E::from(Error::LockLost(
+                    _ = lost_guard.lost() => Err(into_err(Error::LockLost(
                         lost_guard.failure().expect("a loss is recorded"),
                     ))),
                 }
@@ -167,11 +295,25 @@ where
             Err(panic) => std::panic::resume_unwind(panic),
             Ok(Err(err)) => Err(err),
             Ok(Ok(value)) => match (loss, released) {
-                (Some(lost), _) => Err(E::from(Error::LockLost(lost))),
-                (None, Err(err)) => Err(E::from(err)),
-                (None, Ok(())) => Ok(value),
+                (Some(lost), _) => Err(into_err(Error::LockLost(lost))),
+                (None, Err(err)) => Err(into_err(err)),
+                (None, Ok(())) => Ok(Some(value)),
             },
         }
+    }
+}
+
+impl<'f, F, Fut, T, E> TryWithLock<'f, F, E>
+where
+    F: FnOnce(LockGuard) -> Fut + Send + 'f,
+    Fut: Future<Output = std::result::Result<T, E>> + Send + 'f,
+    T: Send + 'f,
+    E: Send + 'f,
+{
+    /// Runs it: the future `.await` runs, as a value that can be spawned
+    /// or stored (the builder itself is not a future).
+    pub fn send(self) -> impl Future<Output = std::result::Result<Option<T>, E>> + Send + 'f {
+        self.into_future()
     }
 }
 
