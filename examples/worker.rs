@@ -1,4 +1,4 @@
-//! A periodic job under `with_lock`: two workers tick every second; whoever
+//! A periodic job under `try_with_lock`: two workers tick every second; whoever
 //! holds the lock runs the job, writing in chunks to a store that checks
 //! fencing tokens, and stops as soon as its guard says the lock is lost.
 //!
@@ -85,18 +85,17 @@ async fn worker(
     for _ in 0..ticks {
         tick.tick().await;
         let store = store.clone();
+        // `None`: another worker holds the lock, and the job did not run.
         let result = locks
-            .with_lock(key, Duration::from_secs(15), |guard| async move {
+            .try_with_lock(key, Duration::from_secs(15), |guard| async move {
                 let fence = guard.lease().fencing_token();
                 println!("{name}: running the job with fencing token {fence}");
                 nightly_report(name, guard, &store).await
             })
             .await;
         match result {
-            Ok(chunks) => println!("{name}: done, {chunks} chunks written, lock released"),
-            Err(JobError::Lock(err)) if err.is_lock_held() => {
-                println!("{name}: another worker runs the job this tick")
-            }
+            Ok(Some(chunks)) => println!("{name}: done, {chunks} chunks written, lock released"),
+            Ok(None) => println!("{name}: another worker runs the job this tick"),
             Err(JobError::Store(refusal)) => {
                 println!("{name}: the store refused a write: {refusal}")
             }

@@ -1,0 +1,79 @@
+//! `#[tokio::test(start_paused = true)]`: tokio's clock jumps ahead whenever
+//! the runtime waits, while leases are measured in real time. The SDK must
+//! say so at once rather than spin (which looks like a hang). A file of its
+//! own: a watchdog aborts this test binary if the test hangs after all.
+
+use std::time::Duration;
+
+use volcano::mock::MockServer;
+use volcano::{Client, Error};
+
+/// Aborts the process if the test is still running after `limit` of real
+/// time: a paused runtime cannot time itself out.
+fn watchdog(limit: Duration) {
+    std::thread::spawn(move || {
+        std::thread::sleep(limit);
+        eprintln!("the paused-clock test hung for {limit:?}");
+        std::process::abort();
+    });
+}
+
+const PAUSED: &str = "tokio's clock is paused";
+
+#[tokio::test(start_paused = true)]
+async fn a_paused_runtime_clock_fails_fast_with_a_message() {
+    watchdog(Duration::from_secs(60));
+    let server = MockServer::start().await;
+    let client = Client::for_mock(&server);
+    // Either the acquire's wait for an answer is cut short by the paused
+    // clock (a panic naming the cause), or it completes and the guard's
+    // first sleep finds the clock ahead of real time (a loss naming it).
+    let job = tokio::spawn(async move {
+        client
+            .locks()
+            .with_lock("job", Duration::from_secs(30), |guard| async move {
+                guard.lost().await;
+                Ok::<_, Error>(())
+            })
+            .await
+    });
+    match job.await {
+        Err(panicked) => {
+            let panic = panicked.into_panic();
+            let message = panic
+                .downcast_ref::<String>()
+                .cloned()
+                .or_else(|| panic.downcast_ref::<&str>().map(|s| s.to_string()))
+                .unwrap_or_default();
+            assert!(message.contains(PAUSED), "{message}");
+            println!("the lock call panicked: {message}");
+        }
+        Ok(Err(Error::LockLost(lost))) => {
+            assert!(lost.to_string().contains(PAUSED), "{lost}");
+            println!("the guard ended: {lost}");
+        }
+        Ok(other) => panic!("expected a message about the paused clock, got {other:?}"),
+    }
+}
+
+/// The lock call itself: its wait for an answer is cut short by the jump.
+#[tokio::test(start_paused = true)]
+async fn a_request_cut_short_by_a_paused_clock_panics_naming_the_cause() {
+    use wiremock::{matchers::any, Mock, ResponseTemplate};
+    watchdog(Duration::from_secs(60));
+    let server = wiremock::MockServer::start().await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(200).set_delay(Duration::from_secs(30)))
+        .mount(&server)
+        .await;
+    let client = Client::builder()
+        .service_key("service-key")
+        .api_url(server.uri())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let call = tokio::spawn(async move { client.locks().get("job").await });
+    let panic = call.await.expect_err("the call panics").into_panic();
+    let message = panic.downcast_ref::<String>().cloned().unwrap_or_default();
+    assert!(message.contains(PAUSED), "{message}");
+}
