@@ -127,6 +127,9 @@ impl Drop for Undo {
 }
 
 /// `locks.acquire(key, ttl)`; see [`Locks::acquire`].
+///
+/// A builder, not a future: `.await` it, or call `.send()` for a future
+/// that can be spawned or stored.
 #[must_use = "a request builder does nothing until it is awaited"]
 pub struct Acquire {
     pub(super) common: Common,

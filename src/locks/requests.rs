@@ -10,6 +10,9 @@ use crate::ops;
 use crate::validate;
 
 /// `locks.renew(&lease, ttl)`; see [`Locks::renew`](crate::Locks::renew).
+///
+/// A builder, not a future: `.await` it, or call `.send()` for a future
+/// that can be spawned or stored.
 #[derive(Debug)]
 #[must_use = "a request builder does nothing until it is awaited"]
 pub struct Renew {
@@ -46,6 +49,9 @@ impl Renew {
 }
 
 /// `locks.get(key)`; see [`Locks::get`](crate::Locks::get).
+///
+/// A builder, not a future: `.await` it, or call `.send()` for a future
+/// that can be spawned or stored.
 #[derive(Debug)]
 #[must_use = "a request builder does nothing until it is awaited"]
 pub struct Get {
@@ -70,6 +76,9 @@ impl Get {
 }
 
 /// `locks.release(&lease)`; see [`Locks::release`](crate::Locks::release).
+///
+/// A builder, not a future: `.await` it, or call `.send()` for a future
+/// that can be spawned or stored.
 #[derive(Debug)]
 #[must_use = "a request builder does nothing until it is awaited"]
 pub struct Release {
@@ -100,6 +109,9 @@ impl Release {
 }
 
 /// `locks.force_release(key)`; see [`Locks::force_release`](crate::Locks::force_release).
+///
+/// A builder, not a future: `.await` it, or call `.send()` for a future
+/// that can be spawned or stored.
 #[derive(Debug)]
 #[must_use = "a request builder does nothing until it is awaited"]
 pub struct ForceRelease {

@@ -19,6 +19,9 @@ use crate::locks::{BoxFuture, Locks};
 use crate::validate;
 
 /// `locks.hold(key, ttl)`; see [`Locks::hold`].
+///
+/// A builder, not a future: `.await` it, or call `.send()` for a future
+/// that can be spawned or stored.
 #[must_use = "a held lock is acquired only when this is awaited"]
 pub struct Hold {
     pub(super) locks: Locks,

@@ -17,6 +17,9 @@ use crate::error::Error;
 use crate::locks::Locks;
 
 /// `locks.with_lock(key, ttl, f)`; see [`Locks::with_lock`].
+///
+/// A builder, not a future: `.await` it, or call `.send()` for a future
+/// that can be spawned or stored.
 #[must_use = "a scoped lock does nothing until it is awaited"]
 pub struct WithLock<'f, F, E> {
     /// How the lock is acquired and kept: `with_lock` is `hold`, the
@@ -31,6 +34,9 @@ pub struct WithLock<'f, F, E> {
 }
 
 /// `locks.try_with_lock(key, ttl, f)`; see [`Locks::try_with_lock`].
+///
+/// A builder, not a future: `.await` it, or call `.send()` for a future
+/// that can be spawned or stored.
 #[must_use = "a scoped lock does nothing until it is awaited"]
 pub struct TryWithLock<'f, F, E>(WithLock<'f, F, E>);
 
