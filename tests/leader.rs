@@ -445,7 +445,8 @@ struct Ledger {
     violations: Arc<Mutex<Vec<String>>>,
     /// (candidate, fencing token) of each term, in order.
     fences: Arc<Mutex<Vec<(usize, i64)>>>,
-    /// Terms that thawed from a stall to find the key granted to another.
+    /// Terms that thawed from a stall to find the key granted to another
+    /// (the first stall is the first leader's, long enough for that).
     stale_thaws: Arc<AtomicUsize>,
 }
 
@@ -576,7 +577,16 @@ async fn candidates_stalled_suspended_and_killed_at_random_never_lead_together()
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(14);
-    for event in 0..events {
+    // First, always: the leader stalls long enough for a takeover.
+    let first_leader = || ledger.fences.lock().unwrap().first().map(|(id, _)| *id);
+    assert!(eventually(Duration::from_secs(10), || first_leader().is_some()).await);
+    let leader = ids
+        .iter()
+        .position(|id| Some(*id) == first_leader())
+        .unwrap();
+    candidates[leader].stall(TTL + Duration::from_millis(4_000 + next(3_000)));
+    stalls += 1;
+    for _ in 0..events {
         tokio::time::sleep(Duration::from_millis(700 + next(800))).await;
         // Mostly the latest leader: trouble for a follower changes little.
         let leader = ledger.fences.lock().unwrap().last().map(|(id, _)| *id);
@@ -584,8 +594,7 @@ async fn candidates_stalled_suspended_and_killed_at_random_never_lead_together()
             Some(i) if next(4) > 0 => i,
             _ => next(candidates.len() as u64) as usize,
         };
-        // The first event is always a stall long enough for a takeover.
-        match if event == 0 { 0 } else { next(5) } {
+        match next(5) {
             0 => {
                 candidates[i].stall(TTL + Duration::from_millis(4_000 + next(3_000)));
                 stalls += 1;
