@@ -204,8 +204,19 @@ async fn conflicts_exit_3_with_status_code_and_request_id() {
     .await;
     assert_eq!(held.code, 3);
     assert_eq!(held.stderr.lines().count(), 1, "one line: {}", held.stderr);
-    assert!(held.stderr.contains("status 409"), "{}", held.stderr);
-    assert!(held.stderr.contains("code lock_held"), "{}", held.stderr);
+    // Status and code once each, then the request id.
+    assert_eq!(held.stderr.matches("409").count(), 1, "{}", held.stderr);
+    assert_eq!(
+        held.stderr.matches("lock_held").count(),
+        1,
+        "{}",
+        held.stderr
+    );
+    assert!(
+        held.stderr.contains("HTTP 409 lock_held"),
+        "{}",
+        held.stderr
+    );
     assert!(held.stderr.contains(RID), "{}", held.stderr);
 
     let lost = volcano(
@@ -238,7 +249,7 @@ async fn each_error_class_has_its_exit_code() {
     // 4: authentication
     let auth = volcano_with_key(&server, "wrong-key", &["locks", "get", "k"]).await;
     assert_eq!(auth.code, 4, "{}", auth.stderr);
-    assert!(auth.stderr.contains("status 401"));
+    assert!(auth.stderr.contains("HTTP 401"), "{}", auth.stderr);
     assert!(
         !auth.stderr.contains("wrong-key"),
         "the key is never printed"
@@ -274,7 +285,7 @@ async fn force_release_needs_confirmation_or_yes() {
     let server = MockServer::start().await;
     volcano(&server, &["locks", "acquire", "job", "--ttl", "30"]).await;
     let refused = volcano(&server, &["locks", "force-release", "job"]).await;
-    assert_eq!(refused.code, 2, "{}", refused.stderr);
+    assert_eq!(refused.code, 7, "not confirmed: {}", refused.stderr);
     assert!(
         refused.stderr.contains("breaks mutual exclusion"),
         "{}",
@@ -291,9 +302,22 @@ async fn force_release_needs_confirmation_or_yes() {
     assert_eq!(forced.code, 0, "{}", forced.stderr);
     assert_eq!(
         forced.json(),
-        serde_json::json!({"key": "job", "force_released": true})
+        serde_json::json!({"key": "job", "force_released": true, "was_held": true, "fencing_token": 1})
+    );
+    assert!(
+        !forced.stderr.contains("breaks mutual exclusion"),
+        "with --yes the warning is for terminals only: {}",
+        forced.stderr
     );
     assert!(server.locks().is_empty());
+
+    // A free key says so rather than claim a release.
+    let free = volcano(&server, &["locks", "force-release", "job", "--yes"]).await;
+    assert_eq!(free.code, 0, "{}", free.stderr);
+    assert_eq!(
+        free.stdout.trim(),
+        "job was not held; nothing to force-release"
+    );
 }
 
 #[tokio::test]

@@ -2,7 +2,10 @@
 //!
 //! ```sh
 //! cargo run --features cli --bin volcano -- locks get daily-report
+//! cargo run --features cli --bin volcano -- locks run daily-report -- ./report.sh
 //! ```
+
+mod run;
 
 use std::io::{BufRead, IsTerminal, Write};
 use std::process::ExitCode;
@@ -21,12 +24,15 @@ mod exit {
     pub const RATE_LIMITED: u8 = 5;
     pub const UNAVAILABLE: u8 = 6;
     pub const ABORTED: u8 = 7;
+    pub const LOST: u8 = 8;
 }
 
 const AFTER_HELP: &str = "\
 Exit codes: 0 ok, 1 other error, 2 invalid argument, 3 conflict (lock held or
 ownership lost), 4 authentication, 5 rate limited, 6 server or transport error
-(outcome unknown), 7 force-release not confirmed.
+(outcome unknown), 7 force-release not confirmed, 8 lock lost while `run`'s
+command ran. `run` otherwise exits with its command's code (126/127 if the
+command cannot be started; 128+N if a signal N ended it).
 
 Credentials come from VOLCANO_SERVICE_KEY, VOLCANO_ANON_KEY and VOLCANO_API_URL;
 flags override them.";
@@ -90,7 +96,7 @@ enum Locks {
     Acquire {
         key: String,
         /// Lease duration, whole seconds (5s to 90 days), e.g. 30 or 5m.
-        #[arg(long, value_parser = parse_duration)]
+        #[arg(long, value_parser = parse_duration, default_value = "30s")]
         ttl: Duration,
         /// Ownership token (a UUID); default: a new one.
         #[arg(long)]
@@ -103,6 +109,38 @@ enum Locks {
         show_token: bool,
         #[command(flatten)]
         ids: RequestId,
+    },
+    /// Run CMD while holding KEY, renewing it in the background; release
+    /// when CMD exits, and exit with CMD's code.
+    ///
+    /// CMD gets VOLCANO_LOCK_KEY and VOLCANO_FENCING_TOKEN in its
+    /// environment, and not VOLCANO_SERVICE_KEY. If the lock is held, exit 3
+    /// without starting CMD (unless --wait). If ownership is lost while CMD
+    /// runs, CMD gets SIGTERM, then SIGKILL after --kill-after, and the exit
+    /// code is 8. SIGTERM, SIGHUP and SIGINT are passed on to CMD (SIGINT
+    /// not when standard input is a terminal: Ctrl-C reaches CMD directly).
+    /// With --output json, one object on the last line of standard output.
+    ///
+    /// Example (crontab): */5 * * * * volcano locks run nightly-report --ttl 60 -- /opt/report.sh
+    Run {
+        key: String,
+        /// Lease duration, whole seconds; renewed about every third of it.
+        #[arg(long, value_parser = parse_duration, default_value = "30s")]
+        ttl: Duration,
+        /// If the lock is held, wait this long for it, e.g. 10m.
+        #[arg(long, value_parser = parse_duration)]
+        wait: Option<Duration>,
+        /// Ownership token (a UUID); default: a new one.
+        #[arg(long)]
+        token: Option<String>,
+        /// After a loss, time between SIGTERM and SIGKILL.
+        #[arg(long, value_parser = parse_duration, default_value = "10s")]
+        kill_after: Duration,
+        #[command(flatten)]
+        ids: RequestId,
+        /// The command and its arguments, after `--`.
+        #[arg(last = true, required = true, value_name = "CMD")]
+        command: Vec<String>,
     },
     /// Renew the lease on KEY owned by --token.
     Renew {
@@ -180,14 +218,30 @@ fn fail(code: u8, message: impl Into<String>) -> Failure {
     }
 }
 
+/// What a command produced: a value to print, or (`run`) a summary with
+/// the command's exit code.
+enum Done {
+    Value(Value),
+    Ran(run::Ran),
+}
+
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
     let cli = Cli::parse();
     let output = cli.output;
-    match run(cli).await {
-        Ok(value) => {
+    match execute(cli).await {
+        Ok(Done::Value(value)) => {
             print(output, &value);
             ExitCode::SUCCESS
+        }
+        Ok(Done::Ran(ran)) => {
+            if let Some(warning) = &ran.warning {
+                eprintln!("volcano: {warning}");
+            }
+            if output == Output::Json {
+                println!("{}", ran.summary);
+            }
+            ExitCode::from(ran.code)
         }
         Err(failure) => {
             report(output, &failure);
@@ -196,7 +250,7 @@ async fn main() -> ExitCode {
     }
 }
 
-async fn run(cli: Cli) -> Result<Value, Failure> {
+async fn execute(cli: Cli) -> Result<Done, Failure> {
     let mut builder = Client::builder().api_url(&cli.api_url).timeout(cli.timeout);
     match cli.service_key {
         Some(key) => builder = builder.service_key(key),
@@ -211,8 +265,38 @@ async fn run(cli: Cli) -> Result<Value, Failure> {
     if let Some(key) = cli.anon_key.filter(|k| !k.is_empty()) {
         builder = builder.anon_key(key);
     }
-    let locks = builder.build()?.locks();
+    let client = builder.build()?;
+    let locks = client.locks();
     let Command::Locks(command) = cli.command;
+    if let Locks::Run {
+        key,
+        ttl,
+        wait,
+        token,
+        kill_after,
+        ids,
+        command,
+    } = command
+    {
+        let args = run::RunArgs {
+            key,
+            ttl,
+            wait,
+            token,
+            request_id: ids.request_id,
+            kill_after,
+            command,
+        };
+        let ran = run::run(&locks, args).await;
+        // Anything handed to the background (a release that keeps failing)
+        // gets a few seconds before the process exits.
+        let _ = client.shutdown(Duration::from_secs(5)).await;
+        return ran.map(Done::Ran);
+    }
+    command_value(&locks, command).await.map(Done::Value)
+}
+
+async fn command_value(locks: &volcano::Locks, command: Locks) -> Result<Value, Failure> {
     match command {
         Locks::Get { key, ids } => {
             let mut get = locks.get(&key);
@@ -272,32 +356,48 @@ async fn run(cli: Cli) -> Result<Value, Failure> {
             Ok(json!({ "key": key, "released": true }))
         }
         Locks::ForceRelease { key, yes, ids } => {
-            eprintln!(
-                "warning: force-release breaks mutual exclusion: the current holder of {key:?} keeps \
-                 running until its next renewal fails. It is safe only if the protected resource \
-                 checks fencing tokens."
-            );
+            // Shown when someone may read it: always when asking, and with
+            // --yes only on a terminal (not in every cron mail).
+            if !yes || std::io::stderr().is_terminal() {
+                eprintln!(
+                    "warning: force-release breaks mutual exclusion: the current holder of {key:?} keeps \
+                     running until its next renewal fails. It is safe only if the protected resource \
+                     checks fencing tokens."
+                );
+            }
+            // What was there, to report (and to show before confirming).
+            let before = locks.get(&key).await?;
             if !yes {
-                confirm(&key)?;
+                confirm(&key, &before)?;
             }
             let mut force = locks.force_release(&key);
             if let Some(id) = ids.request_id {
                 force = force.request_id(id);
             }
             force.await?;
-            Ok(json!({ "key": key, "force_released": true }))
+            Ok(json!({
+                "key": key,
+                "force_released": true,
+                "was_held": before.held(),
+                "fencing_token": before.fencing_token(),
+            }))
         }
+        Locks::Run { .. } => unreachable!("run is handled by execute"),
     }
 }
 
 /// Asks on a terminal for the key to be typed back.
-fn confirm(key: &str) -> Result<(), Failure> {
+fn confirm(key: &str, state: &LockState) -> Result<(), Failure> {
     let stdin = std::io::stdin();
     if !stdin.is_terminal() {
         return Err(fail(
-            exit::INVALID,
-            "refusing to force-release without --yes: standard input is not a terminal",
+            exit::ABORTED,
+            "not confirmed: standard input is not a terminal; pass --yes to force-release",
         ));
+    }
+    match state.fencing_token().filter(|_| state.held()) {
+        Some(fence) => eprintln!("{key} is held (fencing token {fence})."),
+        None => eprintln!("{key} is free."),
     }
     eprint!("Type the key ({key}) to force-release it: ");
     let _ = std::io::stderr().flush();
@@ -344,7 +444,14 @@ fn print(output: Output, value: &Value) {
     if value.get("released").is_some() {
         println!("released {key}");
     } else if value.get("force_released").is_some() {
-        println!("force-released {key}");
+        if value["was_held"] == true {
+            println!(
+                "force-released {key} (it was held, fencing token {})",
+                value["fencing_token"]
+            );
+        } else {
+            println!("{key} was not held; nothing to force-release");
+        }
     } else if value["held"] == true {
         println!(
             "{key}: held until {} (fencing token {})",
@@ -380,11 +487,12 @@ fn report(output: Output, failure: &Failure) {
         eprintln!("{value}");
         return;
     }
+    // Status and code once: API errors already say them in the message.
     let mut details = Vec::new();
-    if let Some(status) = status {
+    if let Some(status) = status.filter(|s| !failure.message.contains(&format!("HTTP {s}"))) {
         details.push(format!("status {status}"));
     }
-    if let Some(code) = code {
+    if let Some(code) = code.filter(|c| !failure.message.contains(c)) {
         details.push(format!("code {code}"));
     }
     if let Some(id) = request_id {

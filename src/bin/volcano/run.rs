@@ -1,0 +1,309 @@
+//! `volcano locks run KEY -- CMD [ARGS...]`: runs a command under a lock
+//! that renews in the background, and releases it when the command exits.
+//!
+//! The child gets `VOLCANO_LOCK_KEY` and `VOLCANO_FENCING_TOKEN`, never the
+//! service key (it is removed from the child's environment) nor the
+//! ownership token. If ownership is lost, the child gets SIGTERM, then
+//! SIGKILL after `--kill-after`, and the CLI exits 8. SIGTERM and SIGHUP
+//! sent to the CLI are passed on to the child; so is SIGINT, unless standard
+//! input is a terminal (a Ctrl-C there already reached the child, which
+//! shares the terminal's process group). The lock is released on every path
+//! once the child has exited, including when it could not be started (exit
+//! 127 if not found, 126 otherwise, as a shell does).
+
+use std::process::ExitStatus;
+use std::time::{Duration, Instant};
+
+use serde_json::{json, Value};
+use tokio::process::{Child, Command};
+use volcano::{Error, Locks};
+
+use crate::{exit, Failure};
+
+/// What `run` was asked to do.
+#[derive(Debug)]
+pub(crate) struct RunArgs {
+    pub(crate) key: String,
+    pub(crate) ttl: Duration,
+    pub(crate) wait: Option<Duration>,
+    pub(crate) token: Option<String>,
+    pub(crate) request_id: Option<String>,
+    pub(crate) kill_after: Duration,
+    pub(crate) command: Vec<String>,
+}
+
+/// How it ended: the exit code, the summary object, and what to say on
+/// standard error (in text mode) if anything went wrong.
+pub(crate) struct Ran {
+    pub(crate) code: u8,
+    pub(crate) summary: Value,
+    pub(crate) warning: Option<String>,
+}
+
+pub(crate) async fn run(locks: &Locks, args: RunArgs) -> Result<Ran, Failure> {
+    let RunArgs {
+        key,
+        ttl,
+        wait,
+        token,
+        request_id,
+        kill_after,
+        command,
+    } = args;
+    let (program, program_args) = command.split_first().ok_or_else(|| {
+        crate::fail(
+            exit::INVALID,
+            "no command given: volcano locks run KEY -- CMD [ARGS...]",
+        )
+    })?;
+    // Signal handlers first: a signal between acquiring and starting the
+    // child must not kill the CLI and leave the lease to its ttl.
+    let mut signals = Signals::install()?;
+
+    let mut hold = locks.hold(&key, ttl);
+    if let Some(token) = token {
+        hold = hold.token(token);
+    }
+    if let Some(id) = request_id {
+        hold = hold.request_id(id);
+    }
+    if let Some(wait) = wait {
+        hold = hold.wait(wait);
+    }
+    // A signal while waiting for the lock ends the wait (a lease the
+    // dropped acquire may have obtained is released by the client).
+    let held = tokio::select! {
+        held = hold.send() => held?,
+        stop = signals.next() => {
+            return Err(crate::fail(
+                stop.shell_code(),
+                format!("{stop:?} received while waiting for the lock; the command was not started"),
+            ))
+        }
+    };
+    let started = Instant::now();
+    let fence = held.lease().fencing_token();
+
+    let spawned = Command::new(program)
+        .args(program_args)
+        .env("VOLCANO_LOCK_KEY", &key)
+        .env("VOLCANO_FENCING_TOKEN", fence.to_string())
+        .env_remove(volcano::ENV_SERVICE_KEY)
+        .spawn();
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(err) => {
+            let code = if err.kind() == std::io::ErrorKind::NotFound {
+                127
+            } else {
+                126
+            };
+            let released = held.release().await;
+            let mut warning = format!("cannot start {program:?}: {err}");
+            if let Err(err) = released {
+                warning.push_str(&format!("; releasing the lock failed: {err}"));
+            }
+            let summary = json!({
+                "key": key,
+                "fencing_token": fence,
+                "exit_code": code,
+                "signal": null,
+                "started": false,
+                "lost": false,
+                "held_secs": secs(started.elapsed()),
+            });
+            return Ok(Ran {
+                code,
+                summary,
+                warning: Some(warning),
+            });
+        }
+    };
+
+    // Wait for the child; on a loss, stop it (SIGTERM, then SIGKILL after
+    // `kill_after`); pass on the signals the CLI receives.
+    let mut lost_at: Option<Instant> = None;
+    let mut killed = false;
+    let status = loop {
+        let kill_at = lost_at.map(|at| tokio::time::Instant::from_std(at + kill_after));
+        tokio::select! {
+            status = child.wait() => break status,
+            _ = held.lost(), if lost_at.is_none() => {
+                lost_at = Some(Instant::now());
+                signal_child(&child, Stop::Terminate);
+            }
+            _ = sleep_until(kill_at), if kill_at.is_some() && !killed => {
+                killed = true;
+                let _ = child.start_kill();
+            }
+            signal = signals.next() => {
+                // A Ctrl-C on the terminal reached the child already: it
+                // shares the terminal's foreground process group.
+                let from_terminal = matches!(signal, Stop::Interrupt)
+                    && std::io::IsTerminal::is_terminal(&std::io::stdin());
+                if !from_terminal {
+                    signal_child(&child, signal);
+                }
+            }
+        }
+    };
+    let status =
+        status.map_err(|e| crate::fail(exit::OTHER, format!("lost track of the command: {e}")))?;
+    let held_for = started.elapsed();
+    let loss = held.failure().filter(|_| lost_at.is_some());
+    let released = held.release().await;
+
+    let (exit_code, signal) = describe(status);
+    let mut warnings = Vec::new();
+    let code = match &loss {
+        Some(lost) => {
+            warnings.push(format!(
+                "{lost}; the command was sent SIGTERM{}",
+                if killed { ", then SIGKILL" } else { "" }
+            ));
+            exit::LOST
+        }
+        None => shell_code(exit_code, signal),
+    };
+    match released {
+        Ok(()) | Err(Error::LockLost(_)) => {}
+        Err(err) => warnings.push(format!(
+            "releasing the lock failed ({err}); it expires within its ttl"
+        )),
+    }
+    let summary = json!({
+        "key": key,
+        "fencing_token": fence,
+        "exit_code": exit_code,
+        "signal": signal,
+        "started": true,
+        "lost": loss.is_some(),
+        "lost_reason": loss.as_ref().map(|l| l.reason().to_string()),
+        "held_secs": secs(held_for),
+    });
+    Ok(Ran {
+        code,
+        summary,
+        warning: (!warnings.is_empty()).then(|| warnings.join("; ")),
+    })
+}
+
+fn secs(d: Duration) -> f64 {
+    (d.as_secs_f64() * 1000.0).round() / 1000.0
+}
+
+async fn sleep_until(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
+
+/// The exit code, or the signal that ended the child.
+fn describe(status: ExitStatus) -> (Option<i32>, Option<i32>) {
+    #[cfg(unix)]
+    {
+        use std::os::unix::process::ExitStatusExt;
+        (status.code(), status.signal())
+    }
+    #[cfg(not(unix))]
+    {
+        (status.code(), None)
+    }
+}
+
+/// As a shell reports it: the exit code, or 128 + the signal number.
+fn shell_code(exit_code: Option<i32>, signal: Option<i32>) -> u8 {
+    match (exit_code, signal) {
+        (Some(code), _) => u8::try_from(code & 0xff).unwrap_or(1),
+        (None, Some(signal)) => u8::try_from(128 + signal).unwrap_or(1),
+        (None, None) => 1,
+    }
+}
+
+/// A signal to pass on to the child.
+#[derive(Debug, Clone, Copy)]
+enum Stop {
+    Interrupt,
+    Terminate,
+    Hangup,
+}
+
+impl Stop {
+    /// A shell's exit code for a process this signal ended: 128 + N.
+    fn shell_code(self) -> u8 {
+        128 + match self {
+            Stop::Hangup => 1,
+            Stop::Interrupt => 2,
+            Stop::Terminate => 15,
+        }
+    }
+}
+
+#[cfg(unix)]
+fn signal_child(child: &Child, stop: Stop) {
+    use rustix::process::{kill_process, Pid, Signal};
+    let Some(pid) = child
+        .id()
+        .and_then(|id| i32::try_from(id).ok())
+        .and_then(Pid::from_raw)
+    else {
+        return; // already reaped
+    };
+    let signal = match stop {
+        Stop::Interrupt => Signal::INT,
+        Stop::Terminate => Signal::TERM,
+        Stop::Hangup => Signal::HUP,
+    };
+    let _ = kill_process(pid, signal);
+}
+
+#[cfg(not(unix))]
+fn signal_child(child: &Child, _stop: Stop) {
+    // No gentle stop elsewhere: the child is ended at once.
+    let _ = child;
+}
+
+/// The signals the CLI passes on.
+struct Signals {
+    #[cfg(unix)]
+    streams: [tokio::signal::unix::Signal; 3],
+}
+
+impl Signals {
+    #[cfg(unix)]
+    fn install() -> Result<Self, Failure> {
+        use tokio::signal::unix::{signal, SignalKind};
+        let install = |kind| {
+            signal(kind)
+                .map_err(|e| crate::fail(exit::OTHER, format!("cannot handle signals: {e}")))
+        };
+        Ok(Signals {
+            streams: [
+                install(SignalKind::interrupt())?,
+                install(SignalKind::terminate())?,
+                install(SignalKind::hangup())?,
+            ],
+        })
+    }
+
+    #[cfg(not(unix))]
+    fn install() -> Result<Self, Failure> {
+        Ok(Signals {})
+    }
+
+    /// The next signal to pass on.
+    async fn next(&mut self) -> Stop {
+        #[cfg(unix)]
+        {
+            let [interrupt, terminate, hangup] = &mut self.streams;
+            tokio::select! {
+                _ = interrupt.recv() => Stop::Interrupt,
+                _ = terminate.recv() => Stop::Terminate,
+                _ = hangup.recv() => Stop::Hangup,
+            }
+        }
+        #[cfg(not(unix))]
+        std::future::pending().await
+    }
+}

@@ -1,0 +1,316 @@
+//! `volcano locks run KEY -- CMD`: the real binary, a real child process,
+//! against the mock server.
+#![cfg(all(feature = "cli", unix))]
+
+use std::path::{Path, PathBuf};
+use std::process::Stdio;
+use std::time::Duration;
+
+use serde_json::Value;
+use tokio::process::{Child, Command};
+use volcano_mock_server::{MockServer, Operation};
+
+/// The CLI with the mock server's URL and keys, the given extra
+/// environment, `args`, and standard input closed (not a terminal).
+fn volcano(server: &MockServer, args: &[&str]) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_volcano"));
+    command
+        .args(args)
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("VOLCANO_API_URL", server.url())
+        .env("VOLCANO_SERVICE_KEY", server.service_key())
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    command
+}
+
+struct Ended {
+    code: Option<i32>,
+    stdout: String,
+    stderr: String,
+}
+
+impl Ended {
+    /// The summary object: the last line of standard output.
+    fn summary(&self) -> Value {
+        let line = self.stdout.lines().last().unwrap_or_default();
+        serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {}", self.stdout))
+    }
+}
+
+async fn ended(child: Child) -> Ended {
+    let output = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
+        .await
+        .expect("the CLI ends")
+        .unwrap();
+    Ended {
+        code: output.status.code(),
+        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
+        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
+    }
+}
+
+fn live(server: &MockServer, key: &str) -> bool {
+    server.locks().iter().any(|l| l.key == key && l.live)
+}
+
+/// A scratch directory for the child's marker files.
+fn scratch(name: &str) -> PathBuf {
+    let dir = std::env::temp_dir().join(format!("volcano-run-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A shell script that records SIGTERM in `mark` and exits 0 on it, and
+/// otherwise runs for up to a minute. Once its trap is set it writes
+/// `mark.started`.
+fn records_sigterm(mark: &Path) -> String {
+    format!(
+        "trap 'echo terminated > {0}; exit 0' TERM; echo started > {0}.started; \
+         i=0; while [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done; exit 9",
+        mark.display()
+    )
+}
+
+/// Waits (checking every 10 ms, at most 10 s) for the script to say it
+/// started.
+async fn started(mark: &Path) {
+    let started = mark.with_extension("started");
+    let waited = tokio::time::timeout(Duration::from_secs(10), async {
+        while !started.exists() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(waited.is_ok(), "the command never started");
+}
+
+#[tokio::test]
+async fn a_command_that_outlives_several_renewals_keeps_the_lock_and_gives_its_exit_code() {
+    let server = MockServer::start().await;
+    let child = volcano(
+        &server,
+        &[
+            "--output", "json", "locks", "run", "report", "--ttl", "5", "--",
+            "/bin/sh", "-c",
+            "sleep 4; echo \"key=$VOLCANO_LOCK_KEY fence=$VOLCANO_FENCING_TOKEN service_key=${VOLCANO_SERVICE_KEY:-unset}\"; exit 42",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    let ended = ended(child).await;
+    assert_eq!(ended.code, Some(42), "{}", ended.stderr);
+    assert!(
+        ended
+            .stdout
+            .contains("key=report fence=1 service_key=unset"),
+        "{}",
+        ended.stdout
+    );
+    let summary = ended.summary();
+    assert_eq!(summary["exit_code"], 42);
+    assert_eq!(summary["lost"], false);
+    assert_eq!(summary["fencing_token"], 1);
+    assert!(summary["held_secs"].as_f64().unwrap() >= 4.0);
+    let renewed = server
+        .requests()
+        .iter()
+        .filter(|r| r.operation == Operation::Renew && r.status == Some(200))
+        .count();
+    assert!(renewed >= 2, "renewed {renewed} times in 4 s at ttl 5");
+    assert!(!live(&server, "report"), "released when the command exited");
+}
+
+#[tokio::test]
+async fn a_force_released_lock_stops_the_command_and_exits_8() {
+    let server = MockServer::start().await;
+    let dir = scratch("lost");
+    let mark = dir.join("mark");
+    let child = volcano(
+        &server,
+        &[
+            "--output",
+            "json",
+            "locks",
+            "run",
+            "report",
+            "--ttl",
+            "5",
+            "--",
+            "/bin/sh",
+            "-c",
+            &records_sigterm(&mark),
+        ],
+    )
+    .spawn()
+    .unwrap();
+    started(&mark).await;
+    // Someone else takes it: the next renewal is refused.
+    let admin = volcano(&server, &["locks", "force-release", "report", "--yes"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(admin.status.code(), Some(0));
+    let ended = ended(child).await;
+    assert_eq!(ended.code, Some(8), "{}", ended.stderr);
+    assert!(ended.stderr.contains("lost"), "{}", ended.stderr);
+    assert!(ended.stderr.contains("SIGTERM"), "{}", ended.stderr);
+    assert_eq!(
+        std::fs::read_to_string(&mark).unwrap_or_default().trim(),
+        "terminated",
+        "the command received SIGTERM"
+    );
+    let summary = ended.summary();
+    assert_eq!(summary["lost"], true);
+    assert_eq!(summary["lost_reason"], "renewal failed");
+    assert_eq!(summary["exit_code"], 0);
+}
+
+#[tokio::test]
+async fn a_command_that_ignores_sigterm_is_killed_after_kill_after() {
+    let server = MockServer::start().await;
+    let child = volcano(
+        &server,
+        &[
+            "--output",
+            "json",
+            "locks",
+            "run",
+            "report",
+            "--ttl",
+            "5",
+            "--kill-after",
+            "1s",
+            "--",
+            "/bin/sh",
+            "-c",
+            "trap '' TERM; i=0; while [ $i -lt 600 ]; do sleep 0.1; i=$((i+1)); done",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    server
+        .wait_for(Operation::Acquire, 201, Duration::from_secs(10))
+        .await
+        .expect("acquired");
+    volcano(&server, &["locks", "force-release", "report", "--yes"])
+        .output()
+        .await
+        .unwrap();
+    let ended = ended(child).await;
+    assert_eq!(ended.code, Some(8), "{}", ended.stderr);
+    assert!(ended.stderr.contains("SIGKILL"), "{}", ended.stderr);
+    assert_eq!(ended.summary()["signal"], 9);
+}
+
+#[tokio::test]
+async fn a_held_lock_exits_3_without_starting_the_command_unless_asked_to_wait() {
+    let server = MockServer::start().await;
+    let dir = scratch("held");
+    let mark = dir.join("ran");
+    let script = format!("echo ran > {}", mark.display());
+    let locks = volcano::Client::builder()
+        .api_url(server.url())
+        .service_key(server.service_key())
+        .build()
+        .unwrap()
+        .locks();
+    let other = locks
+        .acquire("report", Duration::from_secs(30))
+        .await
+        .unwrap();
+
+    let refused = volcano(
+        &server,
+        &[
+            "--output", "json", "locks", "run", "report", "--", "/bin/sh", "-c", &script,
+        ],
+    )
+    .spawn()
+    .unwrap();
+    let refused = ended(refused).await;
+    assert_eq!(refused.code, Some(3), "{}", refused.stderr);
+    let error: Value = serde_json::from_str(refused.stderr.lines().last().unwrap()).unwrap();
+    assert_eq!(error["code"], "lock_held");
+    assert!(!mark.exists(), "the command did not run");
+
+    let waiting = volcano(
+        &server,
+        &[
+            "locks", "run", "report", "--wait", "20s", "--", "/bin/sh", "-c", &script,
+        ],
+    )
+    .spawn()
+    .unwrap();
+    server
+        .wait_for(Operation::Get, 200, Duration::from_secs(10))
+        .await
+        .expect("the waiting run asked who holds the lock");
+    locks.release(&other).await.unwrap();
+    let waited = ended(waiting).await;
+    assert_eq!(waited.code, Some(0), "{}", waited.stderr);
+    assert!(mark.exists(), "the command ran once the lock was free");
+    assert!(!live(&server, "report"));
+}
+
+#[tokio::test]
+async fn sigterm_to_the_cli_reaches_the_command_and_the_lock_is_released() {
+    let server = MockServer::start().await;
+    let dir = scratch("signal");
+    let mark = dir.join("mark");
+    let child = volcano(
+        &server,
+        &[
+            "locks",
+            "run",
+            "report",
+            "--",
+            "/bin/sh",
+            "-c",
+            &records_sigterm(&mark),
+        ],
+    )
+    .spawn()
+    .unwrap();
+    started(&mark).await;
+    let pid = rustix::process::Pid::from_raw(child.id().unwrap() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let ended = ended(child).await;
+    assert_eq!(ended.code, Some(0), "{}", ended.stderr);
+    assert_eq!(
+        std::fs::read_to_string(&mark).unwrap_or_default().trim(),
+        "terminated"
+    );
+    assert!(!live(&server, "report"));
+}
+
+#[tokio::test]
+async fn a_command_that_cannot_start_exits_127_and_releases_the_lock() {
+    let server = MockServer::start().await;
+    let child = volcano(
+        &server,
+        &[
+            "--output",
+            "json",
+            "locks",
+            "run",
+            "report",
+            "--",
+            "/nonexistent/command",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    let ended = ended(child).await;
+    assert_eq!(ended.code, Some(127), "{}", ended.stderr);
+    assert!(ended.stderr.contains("cannot start"), "{}", ended.stderr);
+    assert_eq!(ended.summary()["started"], false);
+    assert!(!live(&server, "report"));
+    assert!(server
+        .requests()
+        .iter()
+        .any(|r| r.operation == Operation::Release && r.status == Some(204)));
+}
