@@ -316,7 +316,7 @@ async fn force_release_needs_confirmation_or_yes() {
     assert_eq!(free.code, 0, "{}", free.stderr);
     assert_eq!(
         free.stdout.trim(),
-        "job was not held; nothing to force-release"
+        "job was free when checked; force-released anyway"
     );
 }
 

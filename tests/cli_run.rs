@@ -314,3 +314,88 @@ async fn a_command_that_cannot_start_exits_127_and_releases_the_lock() {
         .iter()
         .any(|r| r.operation == Operation::Release && r.status == Some(204)));
 }
+
+#[tokio::test]
+async fn on_a_loss_everything_the_command_started_is_stopped() {
+    let server = MockServer::start().await;
+    let dir = scratch("group");
+    let mark = dir.join("mark");
+    let pidfile = dir.join("grandchild");
+    // The shell starts a grandchild and waits for it: SIGTERM to the shell
+    // alone would leave the grandchild running without the lock.
+    let script = format!(
+        "sleep 300 & echo $! > {}; echo started > {}.started; wait",
+        pidfile.display(),
+        mark.display()
+    );
+    let child = volcano(
+        &server,
+        &[
+            "locks",
+            "run",
+            "report",
+            "--ttl",
+            "5",
+            "--kill-after",
+            "2s",
+            "--",
+            "/bin/sh",
+            "-c",
+            &script,
+        ],
+    )
+    .spawn()
+    .unwrap();
+    started(&mark).await;
+    let grandchild: i32 = std::fs::read_to_string(&pidfile)
+        .unwrap()
+        .trim()
+        .parse()
+        .unwrap();
+    volcano(&server, &["locks", "force-release", "report", "--yes"])
+        .output()
+        .await
+        .unwrap();
+    let ended = ended(child).await;
+    assert_eq!(ended.code, Some(8), "{}", ended.stderr);
+    let pid = rustix::process::Pid::from_raw(grandchild).unwrap();
+    // Gone, or at most a zombie waiting for init to reap it.
+    let alive = rustix::process::test_kill_process(pid).is_ok()
+        && !std::fs::read_to_string(format!("/proc/{grandchild}/stat"))
+            .unwrap_or_default()
+            .contains(") Z");
+    assert!(!alive, "the grandchild {grandchild} outlived the lock");
+}
+
+#[tokio::test]
+async fn a_signal_while_acquiring_with_a_callers_token_leaves_no_lease_behind() {
+    use volcano_mock_server::Fault;
+    let server = MockServer::start().await;
+    // The server grants the lease but holds the answer.
+    server.inject(Fault::delay_response(Duration::from_secs(20)).on(Operation::Acquire));
+    let child = volcano(
+        &server,
+        &[
+            "locks",
+            "run",
+            "report",
+            "--token",
+            "aaaaaaaa-bbbb-4ccc-8ddd-eeeeeeeeeeee",
+            "--",
+            "/bin/true",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    server
+        .wait_for(Operation::Acquire, 201, Duration::from_secs(10))
+        .await
+        .expect("the acquire was applied");
+    assert!(live(&server, "report"));
+    let pid = rustix::process::Pid::from_raw(child.id().unwrap() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    let ended = ended(child).await;
+    assert_eq!(ended.code, Some(143), "{}", ended.stderr);
+    assert!(ended.stderr.contains("not started"), "{}", ended.stderr);
+    assert!(!live(&server, "report"), "the granted lease was released");
+}

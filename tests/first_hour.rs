@@ -259,3 +259,21 @@ async fn wait_for_returns_the_journal_entry_once_it_is_recorded() {
     drop(held);
     assert!(client.shutdown(Duration::from_secs(5)).await.is_empty());
 }
+
+/// Only `lock_held` means "held elsewhere": any other 409 on the acquire
+/// (here one without a code, as a proxy might send) is an error.
+#[tokio::test]
+async fn try_with_lock_skips_only_on_lock_held() {
+    let server = server().await;
+    Mock::given(method("POST"))
+        .respond_with(error_body(409, "conflict", None))
+        .mount(&server)
+        .await;
+    let err = client(&server.uri())
+        .locks()
+        .try_with_lock("job", TTL, |_guard| async { Ok::<_, Error>(()) })
+        .await
+        .unwrap_err();
+    assert_eq!(err.status(), Some(409));
+    assert!(!err.is_lock_held());
+}

@@ -117,9 +117,11 @@ enum Locks {
     /// environment, and not VOLCANO_SERVICE_KEY. If the lock is held, exit 3
     /// without starting CMD (unless --wait). If ownership is lost while CMD
     /// runs, CMD gets SIGTERM, then SIGKILL after --kill-after, and the exit
-    /// code is 8. SIGTERM, SIGHUP and SIGINT are passed on to CMD (SIGINT
-    /// not when standard input is a terminal: Ctrl-C reaches CMD directly).
-    /// With --output json, one object on the last line of standard output.
+    /// code is 8. Without a terminal on standard input CMD leads its own
+    /// process group and signals reach all of it; SIGTERM, SIGINT, SIGHUP
+    /// and SIGQUIT sent to the CLI are passed on (on a terminal, Ctrl-C
+    /// reaches CMD directly and is not passed on again). With --output
+    /// json, one object on the last line of standard output.
     ///
     /// Example (crontab): */5 * * * * volcano locks run nightly-report --ttl 60 -- /opt/report.sh
     Run {
@@ -365,10 +367,32 @@ async fn command_value(locks: &volcano::Locks, command: Locks) -> Result<Value, 
                      checks fencing tokens."
                 );
             }
-            // What was there, to report (and to show before confirming).
-            let before = locks.get(&key).await?;
-            if !yes {
-                confirm(&key, &before)?;
+            if !yes && !std::io::stdin().is_terminal() {
+                return Err(fail(
+                    exit::ABORTED,
+                    "not confirmed: standard input is not a terminal; pass --yes to force-release",
+                ));
+            }
+            // What was there, to report and to show before confirming. With
+            // --yes a failed look does not block the recovery.
+            let before = match locks.get(&key).await {
+                Ok(state) => Some(state),
+                Err(err) if yes => {
+                    eprintln!("volcano: could not read the lock first ({err}); releasing anyway");
+                    None
+                }
+                Err(err) => return Err(err.into()),
+            };
+            if let (false, Some(seen)) = (yes, &before) {
+                confirm(&key, seen)?;
+                // The lock may have changed hands while the user typed.
+                let now = locks.get(&key).await?;
+                if (now.held(), now.fencing_token()) != (seen.held(), seen.fencing_token()) {
+                    return Err(fail(
+                        exit::ABORTED,
+                        "not confirmed: the lock changed while confirming; nothing was released",
+                    ));
+                }
             }
             let mut force = locks.force_release(&key);
             if let Some(id) = ids.request_id {
@@ -378,8 +402,8 @@ async fn command_value(locks: &volcano::Locks, command: Locks) -> Result<Value, 
             Ok(json!({
                 "key": key,
                 "force_released": true,
-                "was_held": before.held(),
-                "fencing_token": before.fencing_token(),
+                "was_held": before.as_ref().map(LockState::held),
+                "fencing_token": before.as_ref().and_then(LockState::fencing_token),
             }))
         }
         Locks::Run { .. } => unreachable!("run is handled by execute"),
@@ -389,12 +413,6 @@ async fn command_value(locks: &volcano::Locks, command: Locks) -> Result<Value, 
 /// Asks on a terminal for the key to be typed back.
 fn confirm(key: &str, state: &LockState) -> Result<(), Failure> {
     let stdin = std::io::stdin();
-    if !stdin.is_terminal() {
-        return Err(fail(
-            exit::ABORTED,
-            "not confirmed: standard input is not a terminal; pass --yes to force-release",
-        ));
-    }
     match state.fencing_token().filter(|_| state.held()) {
         Some(fence) => eprintln!("{key} is held (fencing token {fence})."),
         None => eprintln!("{key} is free."),
@@ -444,13 +462,13 @@ fn print(output: Output, value: &Value) {
     if value.get("released").is_some() {
         println!("released {key}");
     } else if value.get("force_released").is_some() {
-        if value["was_held"] == true {
-            println!(
-                "force-released {key} (it was held, fencing token {})",
+        match value["was_held"].as_bool() {
+            Some(true) => println!(
+                "force-released {key} (held when checked, fencing token {})",
                 value["fencing_token"]
-            );
-        } else {
-            println!("{key} was not held; nothing to force-release");
+            ),
+            Some(false) => println!("{key} was free when checked; force-released anyway"),
+            None => println!("force-released {key}"),
         }
     } else if value["held"] == true {
         println!(

@@ -1,15 +1,23 @@
 //! `volcano locks run KEY -- CMD [ARGS...]`: runs a command under a lock
 //! that renews in the background, and releases it when the command exits.
 //!
-//! The child gets `VOLCANO_LOCK_KEY` and `VOLCANO_FENCING_TOKEN`, never the
-//! service key (it is removed from the child's environment) nor the
-//! ownership token. If ownership is lost, the child gets SIGTERM, then
-//! SIGKILL after `--kill-after`, and the CLI exits 8. SIGTERM and SIGHUP
-//! sent to the CLI are passed on to the child; so is SIGINT, unless standard
-//! input is a terminal (a Ctrl-C there already reached the child, which
-//! shares the terminal's process group). The lock is released on every path
-//! once the child has exited, including when it could not be started (exit
-//! 127 if not found, 126 otherwise, as a shell does).
+//! The child gets `VOLCANO_LOCK_KEY` and `VOLCANO_FENCING_TOKEN`, not the
+//! service key (removed from its environment) nor the ownership token.
+//!
+//! Unless standard input is a terminal (cron, scripts, supervisors), the
+//! child leads a process group of its own, and signals go to that whole
+//! group: on a loss, SIGTERM then SIGKILL after `--kill-after` reach
+//! everything the command started; SIGTERM, SIGINT, SIGHUP and SIGQUIT sent
+//! to the CLI are passed on. On a terminal the child stays in the
+//! terminal's group, so that it can use the terminal; Ctrl-C reaches it
+//! directly, so SIGINT is not passed on again, and signals go to the child
+//! alone.
+//!
+//! The lock is released on every path once the child has exited, including
+//! when it could not be started (exit 127 if not found, 126 otherwise, as a
+//! shell does). If the CLI returns early the child is killed. Only a CLI
+//! killed with SIGKILL leaves its child running; the lock then expires at
+//! its ttl.
 
 use std::process::ExitStatus;
 use std::time::{Duration, Instant};
@@ -61,8 +69,8 @@ pub(crate) async fn run(locks: &Locks, args: RunArgs) -> Result<Ran, Failure> {
     let mut signals = Signals::install()?;
 
     let mut hold = locks.hold(&key, ttl);
-    if let Some(token) = token {
-        hold = hold.token(token);
+    if let Some(token) = &token {
+        hold = hold.token(token.clone());
     }
     if let Some(id) = request_id {
         hold = hold.request_id(id);
@@ -70,11 +78,21 @@ pub(crate) async fn run(locks: &Locks, args: RunArgs) -> Result<Ran, Failure> {
     if let Some(wait) = wait {
         hold = hold.wait(wait);
     }
-    // A signal while waiting for the lock ends the wait (a lease the
-    // dropped acquire may have obtained is released by the client).
+    // A signal while waiting for the lock ends the wait. A lease the
+    // dropped or failed acquire may have obtained is released: by the
+    // client for a generated token, here for the caller's.
     let held = tokio::select! {
-        held = hold.send() => held?,
+        held = hold.send() => match held {
+            Ok(held) => held,
+            Err(err) => {
+                if !matches!(err, Error::Conflict(_) | Error::InvalidArgument(_)) {
+                    release_own(locks, &key, token.as_deref()).await;
+                }
+                return Err(err.into());
+            }
+        },
         stop = signals.next() => {
+            release_own(locks, &key, token.as_deref()).await;
             return Err(crate::fail(
                 stop.shell_code(),
                 format!("{stop:?} received while waiting for the lock; the command was not started"),
@@ -84,12 +102,20 @@ pub(crate) async fn run(locks: &Locks, args: RunArgs) -> Result<Ran, Failure> {
     let started = Instant::now();
     let fence = held.lease().fencing_token();
 
-    let spawned = Command::new(program)
+    let mut command = Command::new(program);
+    command
         .args(program_args)
         .env("VOLCANO_LOCK_KEY", &key)
         .env("VOLCANO_FENCING_TOKEN", fence.to_string())
         .env_remove(volcano::ENV_SERVICE_KEY)
-        .spawn();
+        // Returning early (an error) must not leave it running unguarded.
+        .kill_on_drop(true);
+    let own_group = !std::io::IsTerminal::is_terminal(&std::io::stdin());
+    #[cfg(unix)]
+    if own_group {
+        command.process_group(0);
+    }
+    let spawned = command.spawn();
     let mut child = match spawned {
         Ok(child) => child,
         Err(err) => {
@@ -130,19 +156,18 @@ pub(crate) async fn run(locks: &Locks, args: RunArgs) -> Result<Ran, Failure> {
             status = child.wait() => break status,
             _ = held.lost(), if lost_at.is_none() => {
                 lost_at = Some(Instant::now());
-                signal_child(&child, Stop::Terminate);
+                signal_child(&child, own_group, Stop::Terminate);
             }
             _ = sleep_until(kill_at), if kill_at.is_some() && !killed => {
                 killed = true;
+                signal_child(&child, own_group, Stop::Kill);
                 let _ = child.start_kill();
             }
             signal = signals.next() => {
-                // A Ctrl-C on the terminal reached the child already: it
+                // On a terminal a Ctrl-C reached the child already: it
                 // shares the terminal's foreground process group.
-                let from_terminal = matches!(signal, Stop::Interrupt)
-                    && std::io::IsTerminal::is_terminal(&std::io::stdin());
-                if !from_terminal {
-                    signal_child(&child, signal);
+                if own_group || !matches!(signal, Stop::Interrupt) {
+                    signal_child(&child, own_group, signal);
                 }
             }
         }
@@ -150,17 +175,20 @@ pub(crate) async fn run(locks: &Locks, args: RunArgs) -> Result<Ran, Failure> {
     let status =
         status.map_err(|e| crate::fail(exit::OTHER, format!("lost track of the command: {e}")))?;
     let held_for = started.elapsed();
-    let loss = held.failure().filter(|_| lost_at.is_some());
+    // Any loss up to now happened while the command ran (nothing awaited
+    // since it exited), even one seen only now.
+    let loss = held.failure();
     let released = held.release().await;
 
     let (exit_code, signal) = describe(status);
     let mut warnings = Vec::new();
     let code = match &loss {
         Some(lost) => {
-            warnings.push(format!(
-                "{lost}; the command was sent SIGTERM{}",
-                if killed { ", then SIGKILL" } else { "" }
-            ));
+            warnings.push(match (lost_at, killed) {
+                (None, _) => format!("{lost}, as the command ended"),
+                (Some(_), false) => format!("{lost}; the command was sent SIGTERM"),
+                (Some(_), true) => format!("{lost}; the command was sent SIGTERM, then SIGKILL"),
+            });
             exit::LOST
         }
         None => shell_code(exit_code, signal),
@@ -186,6 +214,16 @@ pub(crate) async fn run(locks: &Locks, args: RunArgs) -> Result<Ran, Failure> {
         summary,
         warning: (!warnings.is_empty()).then(|| warnings.join("; ")),
     })
+}
+
+/// Best effort, after a failed or abandoned acquire with the caller's
+/// token: a lease it obtained is released rather than left for its ttl
+/// (with a generated token the client does this itself).
+async fn release_own(locks: &Locks, key: &str, token: Option<&str>) {
+    if let Some(token) = token {
+        let lease = volcano::LockLease::new(key, token, chrono::Utc::now(), 0);
+        let _ = locks.release(&lease).await;
+    }
 }
 
 fn secs(d: Duration) -> f64 {
@@ -224,9 +262,11 @@ fn shell_code(exit_code: Option<i32>, signal: Option<i32>) -> u8 {
 /// A signal to pass on to the child.
 #[derive(Debug, Clone, Copy)]
 enum Stop {
-    Interrupt,
-    Terminate,
     Hangup,
+    Interrupt,
+    Quit,
+    Kill,
+    Terminate,
 }
 
 impl Stop {
@@ -235,14 +275,18 @@ impl Stop {
         128 + match self {
             Stop::Hangup => 1,
             Stop::Interrupt => 2,
+            Stop::Quit => 3,
+            Stop::Kill => 9,
             Stop::Terminate => 15,
         }
     }
 }
 
+/// Sends `stop` to the child, or to its whole process group if it leads
+/// one.
 #[cfg(unix)]
-fn signal_child(child: &Child, stop: Stop) {
-    use rustix::process::{kill_process, Pid, Signal};
+fn signal_child(child: &Child, own_group: bool, stop: Stop) {
+    use rustix::process::{kill_process, kill_process_group, Pid, Signal};
     let Some(pid) = child
         .id()
         .and_then(|id| i32::try_from(id).ok())
@@ -251,23 +295,29 @@ fn signal_child(child: &Child, stop: Stop) {
         return; // already reaped
     };
     let signal = match stop {
-        Stop::Interrupt => Signal::INT,
-        Stop::Terminate => Signal::TERM,
         Stop::Hangup => Signal::HUP,
+        Stop::Interrupt => Signal::INT,
+        Stop::Quit => Signal::QUIT,
+        Stop::Kill => Signal::KILL,
+        Stop::Terminate => Signal::TERM,
     };
-    let _ = kill_process(pid, signal);
+    let _ = if own_group {
+        kill_process_group(pid, signal)
+    } else {
+        kill_process(pid, signal)
+    };
 }
 
 #[cfg(not(unix))]
-fn signal_child(child: &Child, _stop: Stop) {
-    // No gentle stop elsewhere: the child is ended at once.
+fn signal_child(child: &Child, _own_group: bool, _stop: Stop) {
+    // No gentle stop elsewhere: the child is ended after --kill-after.
     let _ = child;
 }
 
 /// The signals the CLI passes on.
 struct Signals {
     #[cfg(unix)]
-    streams: [tokio::signal::unix::Signal; 3],
+    streams: [tokio::signal::unix::Signal; 4],
 }
 
 impl Signals {
@@ -283,6 +333,7 @@ impl Signals {
                 install(SignalKind::interrupt())?,
                 install(SignalKind::terminate())?,
                 install(SignalKind::hangup())?,
+                install(SignalKind::quit())?,
             ],
         })
     }
@@ -296,11 +347,12 @@ impl Signals {
     async fn next(&mut self) -> Stop {
         #[cfg(unix)]
         {
-            let [interrupt, terminate, hangup] = &mut self.streams;
+            let [interrupt, terminate, hangup, quit] = &mut self.streams;
             tokio::select! {
                 _ = interrupt.recv() => Stop::Interrupt,
                 _ = terminate.recv() => Stop::Terminate,
                 _ = hangup.recv() => Stop::Hangup,
+                _ = quit.recv() => Stop::Quit,
             }
         }
         #[cfg(not(unix))]

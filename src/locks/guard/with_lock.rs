@@ -275,7 +275,7 @@ where
         // largest state, and the closure's state is the one that lasts.
         let held = match Box::pin(hold.acquire()).await {
             Ok(held) => held,
-            Err(Error::Conflict(_)) if skip_held => return Ok(None),
+            Err(err) if skip_held && err.is_lock_held() => return Ok(None),
             Err(err) => return Err(into_err(err)),
         };
         let guard = LockGuard::clone(&held);
