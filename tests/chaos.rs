@@ -24,7 +24,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use common::{eventually, mock_client};
 use rand::rngs::StdRng;
-use rand::{RngExt, SeedableRng};
+use rand::{Rng, SeedableRng};
 use tokio::time::Instant;
 use volcano::{Error, LostReason};
 use volcano_mock_server::{Fault, MockServer, Operation};
