@@ -101,6 +101,7 @@ impl Client {
     /// # let _ = lease; Ok(()) }
     /// ```
     #[cfg(feature = "mock")]
+    #[cfg_attr(docsrs, doc(cfg(feature = "mock")))]
     pub fn for_mock(server: &crate::mock::MockServer) -> Client {
         Client::builder()
             .api_url(server.url())

@@ -289,9 +289,16 @@ pub struct TransportError {
 }
 
 impl TransportError {
-    /// True when the per-request timeout ran out.
+    /// True when the per-request timeout ran out. The request may have
+    /// been applied.
     pub fn is_timeout(&self) -> bool {
         self.kind == TransportKind::Timeout
+    }
+
+    /// True when no connection could be made (refused, unreachable, DNS,
+    /// TLS handshake): the request was never sent, so nothing was applied.
+    pub fn is_connect(&self) -> bool {
+        self.kind == TransportKind::Connect
     }
 }
 

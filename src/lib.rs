@@ -42,6 +42,7 @@
 //! rejecting writes whose fencing token is lower than the highest it has
 //! seen.
 #![deny(missing_docs)]
+#![cfg_attr(docsrs, feature(doc_cfg))]
 #![warn(unreachable_pub, missing_debug_implementations)]
 
 mod background;
@@ -68,10 +69,22 @@ pub use locks::{
 };
 pub use validate::{MAX_TTL, MIN_TTL};
 
+// The handles and the error cross tasks and threads: checked at compile time.
+const _: () = {
+    const fn send_sync_static<T: Send + Sync + 'static>() {}
+    send_sync_static::<Error>();
+    send_sync_static::<Client>();
+    send_sync_static::<Locks>();
+    send_sync_static::<LockGuard>();
+    send_sync_static::<HeldLock>();
+    send_sync_static::<LockLease>();
+};
+
 /// The in-process mock of the lock service, to test your own code against
 /// (feature `mock`): the `volcano-mock-server` crate, re-exported. Pair it
 /// with [`Client::for_mock`]; see `docs/testing.md`.
 #[cfg(feature = "mock")]
+#[cfg_attr(docsrs, doc(cfg(feature = "mock")))]
 pub use volcano_mock_server as mock;
 
 /// Hooks for the micro-benchmarks (`cargo bench --features bench --bench

@@ -224,12 +224,15 @@ impl Transport {
             return Ok(Answer { value, date });
         }
 
-        let retry_after = response
-            .headers()
+        let headers = response.headers();
+        let date = headers
+            .get(DATE)
+            .and_then(|v| v.to_str().ok())
+            .and_then(http_date);
+        let retry_after = headers
             .get(RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| v.trim().parse::<u64>().ok())
-            .map(Duration::from_secs);
+            .and_then(|v| retry_after(v, date));
         let (bytes, _) = read_body(&mut response, MAX_ERROR_BODY, request_id).await?;
         let error = Error::from_status(api_error(status.as_u16(), &bytes, request_id, retry_after));
         tracing::debug!(error = %error, "lock call failed");
@@ -263,6 +266,19 @@ fn http_date(value: &str) -> Option<DateTime<Utc>> {
     DateTime::parse_from_rfc2822(value.trim())
         .ok()
         .map(|t| t.with_timezone(&Utc))
+}
+
+/// `Retry-After` as delay-seconds or as an HTTP-date. A date is measured
+/// from the answer's own `Date` (both on the server's clock) when there is
+/// one, else from this machine's clock; a date already past is zero.
+fn retry_after(value: &str, date: Option<DateTime<Utc>>) -> Option<Duration> {
+    let value = value.trim();
+    if let Ok(secs) = value.parse::<u64>() {
+        return Some(Duration::from_secs(secs));
+    }
+    let at = http_date(value)?;
+    let from = date.unwrap_or_else(Utc::now);
+    Some((at - from).to_std().unwrap_or(Duration::ZERO))
 }
 
 /// Whether a retry's error tells the caller where ownership stands.
@@ -374,6 +390,23 @@ fn encode_path_segment(segment: &str, out: &mut String) {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn retry_after_is_read_as_seconds_or_as_a_date_on_the_servers_clock() {
+        let date = http_date("Mon, 30 Nov 2026 12:00:00 GMT");
+        assert_eq!(retry_after(" 7 ", date), Some(Duration::from_secs(7)));
+        assert_eq!(
+            retry_after("Mon, 30 Nov 2026 12:00:30 GMT", date),
+            Some(Duration::from_secs(30)),
+            "from the answer's Date, not this machine's clock"
+        );
+        assert_eq!(
+            retry_after("Mon, 30 Nov 2026 11:59:00 GMT", date),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(retry_after("soon", date), None);
+        assert_eq!(retry_after("-3", date), None);
+    }
 
     #[test]
     fn encodes_only_colon_of_the_key_alphabet() {

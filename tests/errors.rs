@@ -84,7 +84,14 @@ async fn retry_after_is_parsed_from_429() {
         error_body(429, "x", None).insert_header("retry-after", "Wed, 21 Oct 2026 07:28:00 GMT"),
     )
     .await;
-    assert_eq!(err.retry_after(), None, "an HTTP date is not an integer");
+    // Beyond the reference SDKs (which give nil): the HTTP-date form is
+    // read too, against the answer's own Date. A past date is zero.
+    assert_eq!(err.retry_after(), Some(Duration::ZERO));
+    let err = get_error(
+        error_body(429, "x", None).insert_header("retry-after", "Fri, 01 Jan 2100 00:00:00 GMT"),
+    )
+    .await;
+    assert!(err.retry_after().unwrap() > Duration::from_secs(365 * 24 * 3600));
     let err = get_error(error_body(429, "x", None)).await;
     assert_eq!(err.retry_after(), None);
 }
@@ -182,4 +189,32 @@ async fn secrets_never_appear_in_debug_or_display() {
             assert!(!text.contains(secret), "{secret} leaked in {text}");
         }
     }
+}
+
+#[tokio::test]
+async fn a_refused_connection_is_a_connect_error_a_dropped_answer_is_not() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    let err = common::client(&format!("http://{addr}"))
+        .locks()
+        .get("k")
+        .await
+        .unwrap_err();
+    let volcano::Error::Transport(refused) = &err else {
+        panic!("{err:?}")
+    };
+    assert!(refused.is_connect(), "nothing was sent: {err}");
+    assert!(!refused.is_timeout());
+
+    let dropper = common::Dropper::start().await;
+    let err = common::client(&dropper.url)
+        .locks()
+        .get("k")
+        .await
+        .unwrap_err();
+    let volcano::Error::Transport(dropped) = &err else {
+        panic!("{err:?}")
+    };
+    assert!(!dropped.is_connect(), "sent, then no answer: {err}");
 }

@@ -9,6 +9,7 @@ use serde::{Deserialize, Serialize};
 /// A lock operation, for scoping faults and reading the journal.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum Operation {
     /// `POST /locks/{key}/lease`
     Acquire,
@@ -33,6 +34,7 @@ impl Operation {
 /// What an injected fault does.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(tag = "kind", rename_all = "snake_case")]
+#[non_exhaustive]
 pub enum FaultKind {
     /// Answer with this status and the documented error body, without
     /// applying the request.
@@ -71,6 +73,7 @@ pub enum FaultKind {
 /// # let _ = (fault, slow, late);
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[non_exhaustive]
 pub struct Fault {
     /// What happens.
     #[serde(flatten)]

@@ -21,6 +21,7 @@ const MAX_REQUEST_ID_CHARS: usize = 64;
 
 /// One request the server answered (or failed on purpose), in arrival order.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct RecordedRequest {
     /// Arrival order, from 1.
     pub seq: u64,

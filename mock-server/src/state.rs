@@ -63,6 +63,7 @@ pub(crate) enum Refusal {
 
 /// What the service reports about a key, as the `/__mock/locks` view shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[non_exhaustive]
 pub struct LockSnapshot {
     /// The lock key.
     pub key: String,
