@@ -204,10 +204,11 @@ impl Client {
         };
         let (pending, superseded) = self.inner.background.register(key, token);
         let release = release(superseded);
-        runtime.spawn(async move {
+        // In the caller's span (a hold's, say): its fields stay on the logs.
+        runtime.spawn(tracing::Instrument::in_current_span(async move {
             release.await;
             drop(pending);
-        });
+        }));
     }
 
     /// Before an acquire with a token the caller names: stops background

@@ -9,6 +9,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::task::JoinHandle;
+use tracing::Instrument;
 
 use super::handle::LockGuard;
 use super::renewal::{renew_in_window, renewal_task, LiveRenewal};
@@ -30,6 +31,9 @@ pub struct Hold {
     pub(super) token: Option<String>,
     pub(super) request_id: Option<String>,
     pub(super) wait: Option<Duration>,
+    /// The span the acquire, the renewals and the release run in; by
+    /// default a `volcano.hold` span under the caller's.
+    pub(super) span: Option<tracing::Span>,
 }
 
 impl std::fmt::Debug for Hold {
@@ -68,6 +72,7 @@ impl Locks {
             token: None,
             request_id: None,
             wait: None,
+            span: None,
         }
     }
 }
@@ -103,7 +108,27 @@ impl Hold {
             token,
             request_id,
             wait,
+            span,
         } = self;
+        // A child of the caller's span: the renewal task and any background
+        // release log under it too, so a job's fields stay on its lock's logs.
+        let span = span.unwrap_or_else(|| {
+            tracing::info_span!("volcano.hold", key = %key, fencing_token = tracing::field::Empty)
+        });
+        Self::acquire_in(locks, key, ttl, token, request_id, wait, span.clone())
+            .instrument(span)
+            .await
+    }
+
+    async fn acquire_in(
+        locks: Locks,
+        key: String,
+        ttl: Duration,
+        token: Option<String>,
+        request_id: Option<String>,
+        wait: Option<Duration>,
+        span: tracing::Span,
+    ) -> Result<HeldLock> {
         validate::ttl(ttl)?;
         let clock = locks.client().lease_clock().clone();
         let mut acquire = locks.acquire(key, ttl);
@@ -118,6 +143,7 @@ impl Hold {
         }
         let started = clock.now();
         let acquired = acquire.send_measured().await?;
+        span.record("fencing_token", acquired.lease.fencing_token());
         tracing::info!(
             key = acquired.lease.key(),
             fencing_token = acquired.lease.fencing_token(),
@@ -130,6 +156,7 @@ impl Hold {
             locks,
             renewer: None,
             armed: true,
+            span,
         };
         // A slow or retried acquire may leave no time before the first
         // renewal: renew once before handing the lock over.
@@ -192,6 +219,8 @@ pub struct HeldLock {
     renewer: Option<JoinHandle<()>>,
     /// The lease still needs releasing.
     armed: bool,
+    /// Where its renewals and release log.
+    span: tracing::Span,
 }
 
 impl std::fmt::Debug for HeldLock {
@@ -225,7 +254,12 @@ impl HeldLock {
     /// Stops the renewal, records how the hold ended, marks every guard
     /// clone released *before* the release is sent, then releases: the
     /// loss (if any) up to this moment, and the release's result.
-    pub(super) async fn finish(mut self) -> (Option<LockLost>, Result<()>) {
+    pub(super) async fn finish(self) -> (Option<LockLost>, Result<()>) {
+        let span = self.span.clone();
+        self.finish_unscoped().instrument(span).await
+    }
+
+    async fn finish_unscoped(mut self) -> (Option<LockLost>, Result<()>) {
         if let Some(task) = self.renewer.take() {
             task.abort();
             let _ = task.await;
@@ -245,12 +279,10 @@ impl HeldLock {
         let live = LiveRenewal(counter);
         let state = &self.guard.state;
         let first_at = state.next_renewal_at();
-        self.renewer = Some(tokio::spawn(renewal_task(
-            state.clone(),
-            self.locks.clone(),
-            first_at,
-            live,
-        )));
+        self.renewer = Some(tokio::spawn(
+            renewal_task(state.clone(), self.locks.clone(), first_at, live)
+                .instrument(self.span.clone()),
+        ));
     }
 
     /// Releases the latest lease (see [`release::confirmed`]), all within
@@ -298,6 +330,7 @@ impl Drop for HeldLock {
         if !self.armed {
             return;
         }
+        let _span = self.span.enter();
         let state = &self.guard.state;
         state.mark(LockLost::new(state.key.clone(), LostReason::Released));
         release::in_background(

@@ -6,6 +6,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
+use tracing::Instrument;
+
 use super::handle::LockGuard;
 use crate::error::Error;
 use crate::locks::Locks;
@@ -133,10 +135,18 @@ impl Leader {
             // Campaign: one token for the whole wait; a fresh one per term,
             // so a new term is always a new acquisition with a higher
             // fencing token.
-            let campaign = locks
+            // One span per campaign and term, under the caller's: the
+            // acquire, renewals, release and the term itself log in it.
+            let span = tracing::info_span!(
+                "volcano.leader",
+                key = %key,
+                fencing_token = tracing::field::Empty
+            );
+            let mut campaign = locks
                 .hold(key.clone(), ttl)
                 .token(validate::new_uuid())
                 .wait(Duration::MAX);
+            campaign.span = Some(span.clone());
             let held = tokio::select! {
                 biased;
                 _ = &mut until => return Ok(()),
@@ -152,7 +162,7 @@ impl Leader {
 
             let guard = LockGuard::clone(&held);
             let end = {
-                let work = term(guard.clone());
+                let work = term(guard.clone()).instrument(span.clone());
                 tokio::select! {
                     biased;
                     _ = &mut until => TermEnd::Resigned,

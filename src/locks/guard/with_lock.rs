@@ -11,6 +11,8 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use tracing::Instrument;
+
 use super::handle::LockGuard;
 use super::held::Hold;
 use crate::error::Error;
@@ -263,12 +265,32 @@ where
     /// held.
     async fn run(self, skip_held: bool) -> std::result::Result<Option<T>, E> {
         let WithLock {
-            hold,
+            mut hold,
             cancel_on_loss,
             f,
             into_err,
             ..
         } = self;
+        // One span for the whole scope (acquire, renewals, release), under
+        // the caller's; `f` runs in it too.
+        let span = tracing::info_span!(
+            "volcano.with_lock",
+            key = %hold.key,
+            fencing_token = tracing::field::Empty
+        );
+        hold.span = Some(span.clone());
+        Self::scoped(hold, cancel_on_loss, f, into_err, skip_held)
+            .instrument(span)
+            .await
+    }
+
+    async fn scoped(
+        hold: Hold,
+        cancel_on_loss: bool,
+        f: F,
+        into_err: fn(Error) -> E,
+        skip_held: bool,
+    ) -> std::result::Result<Option<T>, E> {
         // Dropping this future from here on drops `held`, which stops the
         // renewal and hands the release to the client.
         // Boxed, as is `finish` below: a future's size is that of its
