@@ -51,6 +51,7 @@ mod error;
 mod locks;
 mod ops;
 mod realtime;
+mod telemetry;
 mod transport;
 mod validate;
 

@@ -225,7 +225,9 @@ impl Acquire {
             self.ttl,
             generated.then_some(token.as_str()),
         );
-        match self.wait {
+        let started = std::time::Instant::now();
+        let waited = self.wait.is_some();
+        let result = match self.wait {
             None => {
                 let window = wait::Window::default();
                 self.try_once(ttl, &token, &request_id, window, &mut undo)
@@ -236,7 +238,9 @@ impl Acquire {
                 self.wait_for(waiter, ttl, &token, &request_id, &mut undo)
                     .await
             }
-        }
+        };
+        crate::telemetry::acquired(started.elapsed(), waited, &result);
+        result
     }
 
     /// Tries until acquired, a definitive error, or the waiter's deadline. No

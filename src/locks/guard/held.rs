@@ -157,7 +157,9 @@ impl Hold {
             renewer: None,
             armed: true,
             span,
+            held_since: Some(std::time::Instant::now()),
         };
+        crate::telemetry::hold_started();
         // A slow or retried acquire may leave no time before the first
         // renewal: renew once before handing the lock over.
         let state = &held.guard.state;
@@ -221,6 +223,8 @@ pub struct HeldLock {
     armed: bool,
     /// Where its renewals and release log.
     span: tracing::Span,
+    /// When it was acquired; taken when its end is counted.
+    held_since: Option<std::time::Instant>,
 }
 
 impl std::fmt::Debug for HeldLock {
@@ -259,7 +263,15 @@ impl HeldLock {
         self.finish_unscoped().instrument(span).await
     }
 
+    /// Counts the end of the hold, once.
+    fn count_end(&mut self) {
+        if let Some(since) = self.held_since.take() {
+            crate::telemetry::hold_ended(since.elapsed());
+        }
+    }
+
     async fn finish_unscoped(mut self) -> (Option<LockLost>, Result<()>) {
+        self.count_end();
         if let Some(task) = self.renewer.take() {
             task.abort();
             let _ = task.await;
@@ -324,6 +336,7 @@ impl HeldLock {
 
 impl Drop for HeldLock {
     fn drop(&mut self) {
+        self.count_end();
         if let Some(task) = self.renewer.take() {
             task.abort();
         }

@@ -71,6 +71,7 @@ pub(super) async fn renew_in_window(state: &State, locks: &Locks) -> Result<(), 
         }
         match result {
             Ok(renewed) => {
+                crate::telemetry::renewal("renewed");
                 tracing::debug!(
                     key = %state.key,
                     fencing_token = renewed.lease.fencing_token(),
@@ -80,6 +81,7 @@ pub(super) async fn renew_in_window(state: &State, locks: &Locks) -> Result<(), 
                 return state.renewed(renewed);
             }
             Err(err) if is_transient(&err) => {
+                crate::telemetry::renewal("retried");
                 let wait = backoff
                     .next()
                     .unwrap_or(BACKOFF_MAX)
@@ -110,9 +112,10 @@ pub(super) async fn renew_in_window(state: &State, locks: &Locks) -> Result<(), 
                 }
             }
             Err(err) => {
+                crate::telemetry::renewal("failed");
                 return Err(
                     LockLost::new(state.key.clone(), LostReason::RenewalFailed).with_cause(err)
-                )
+                );
             }
         }
     }

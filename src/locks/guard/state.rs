@@ -130,6 +130,7 @@ impl State {
         };
         self.lost
             .send_if_modified(|flag| !std::mem::replace(flag, true));
+        crate::telemetry::lost(lost.reason());
         if lost.reason() == LostReason::Released {
             tracing::debug!(key = %self.key, fencing_token, "scoped lock ended");
         } else {

@@ -1,0 +1,80 @@
+//! Metrics through the `metrics` facade (feature `metrics`): the
+//! application installs a recorder (Prometheus, StatsD, ...), the SDK only
+//! emits. Without the feature every function here is empty. Names and
+//! labels are listed in the README.
+
+use std::time::Duration;
+
+use crate::error::{Error, LostReason};
+
+/// Outcome label of a finished acquire.
+fn outcome<T>(result: &Result<T, Error>) -> &'static str {
+    match result {
+        Ok(_) => "acquired",
+        Err(err) if err.is_lock_held() => "held",
+        Err(Error::Transport(_)) => "transport",
+        Err(Error::RateLimited(_)) => "rate_limited",
+        Err(Error::Server(_)) => "server",
+        Err(Error::Authentication(_)) => "auth",
+        Err(Error::InvalidArgument(_) | Error::Validation(_)) => "invalid",
+        Err(_) => "other",
+    }
+}
+
+/// An acquire ended after `took`; `waited` if it was a waiting acquire.
+pub(crate) fn acquired<T>(took: Duration, waited: bool, result: &Result<T, Error>) {
+    let outcome = outcome(result);
+    #[cfg(feature = "metrics")]
+    {
+        metrics::counter!("volcano_lock_acquires_total", "outcome" => outcome).increment(1);
+        metrics::histogram!("volcano_lock_acquire_seconds", "outcome" => outcome)
+            .record(took.as_secs_f64());
+        if waited {
+            metrics::histogram!("volcano_lock_wait_seconds", "outcome" => outcome)
+                .record(took.as_secs_f64());
+        }
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (outcome, took, waited);
+}
+
+/// A renewal attempt ended: `renewed`, `retried` (transient failure, tried
+/// again) or `failed` (the lock is lost).
+pub(crate) fn renewal(outcome: &'static str) {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("volcano_lock_renewals_total", "outcome" => outcome).increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = outcome;
+}
+
+/// A guard lost ownership (not counted: an ordinary release).
+pub(crate) fn lost(reason: LostReason) {
+    let reason = match reason {
+        LostReason::Released => return,
+        LostReason::RenewalFailed => "renewal_failed",
+        LostReason::Expired => "expired",
+        LostReason::NoSafeWindow => "no_safe_window",
+        LostReason::Marked => "marked",
+    };
+    #[cfg(feature = "metrics")]
+    metrics::counter!("volcano_lock_losses_total", "reason" => reason).increment(1);
+    #[cfg(not(feature = "metrics"))]
+    let _ = reason;
+}
+
+/// A renewing lock (`hold`, `with_lock`, a leader's term) began.
+pub(crate) fn hold_started() {
+    #[cfg(feature = "metrics")]
+    metrics::gauge!("volcano_locks_held").increment(1.0);
+}
+
+/// A renewing lock ended after `held` (released, dropped or lost).
+pub(crate) fn hold_ended(held: Duration) {
+    #[cfg(feature = "metrics")]
+    {
+        metrics::gauge!("volcano_locks_held").decrement(1.0);
+        metrics::histogram!("volcano_lock_hold_seconds").record(held.as_secs_f64());
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = held;
+}

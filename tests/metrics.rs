@@ -1,0 +1,138 @@
+//! The `metrics` feature: what the SDK records, read back from a debugging
+//! recorder. Its own test binary: the recorder is process-wide.
+
+use std::collections::HashMap;
+use std::time::Duration;
+
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use volcano::mock::{Fault, MockServer, Operation};
+use volcano::{Client, Error};
+
+/// Everything recorded so far. A debugging snapshot drains what it reads
+/// (counters and gauges report the change since the last snapshot,
+/// histograms the new samples), so this adds the snapshots up.
+struct Recorded {
+    snapshotter: Snapshotter,
+    totals: HashMap<String, f64>,
+    samples: HashMap<String, Vec<f64>>,
+}
+
+fn name(metric: &str, labels: &[(&str, &str)]) -> String {
+    let mut labels: Vec<String> = labels.iter().map(|(k, v)| format!("{k}={v}")).collect();
+    labels.sort();
+    format!("{metric}{{{}}}", labels.join(","))
+}
+
+impl Recorded {
+    fn refresh(&mut self) {
+        for (key, _, _, value) in self.snapshotter.snapshot().into_vec() {
+            let key = key.key();
+            let labels: Vec<(&str, &str)> = key.labels().map(|l| (l.key(), l.value())).collect();
+            let name = name(key.name(), &labels);
+            match value {
+                DebugValue::Counter(n) => *self.totals.entry(name).or_default() += n as f64,
+                DebugValue::Gauge(g) => *self.totals.entry(name).or_default() += g.into_inner(),
+                DebugValue::Histogram(values) => self
+                    .samples
+                    .entry(name)
+                    .or_default()
+                    .extend(values.into_iter().map(|v| v.into_inner())),
+            }
+        }
+    }
+
+    /// A counter's total or a gauge's value.
+    fn total(&mut self, metric: &str, labels: &[(&str, &str)]) -> f64 {
+        self.refresh();
+        self.totals
+            .get(&name(metric, labels))
+            .copied()
+            .unwrap_or(0.0)
+    }
+
+    fn samples(&mut self, metric: &str, labels: &[(&str, &str)]) -> Vec<f64> {
+        self.refresh();
+        self.samples
+            .get(&name(metric, labels))
+            .cloned()
+            .unwrap_or_default()
+    }
+}
+
+#[tokio::test]
+async fn acquires_renewals_losses_and_held_locks_are_recorded() {
+    let recorder = DebuggingRecorder::new();
+    let mut m = Recorded {
+        snapshotter: recorder.snapshotter(),
+        totals: HashMap::new(),
+        samples: HashMap::new(),
+    };
+    recorder
+        .install()
+        .expect("the only recorder in this binary");
+
+    let server = MockServer::start().await;
+    let client = Client::for_mock(&server);
+    let locks = client.locks();
+
+    // An acquire, and one that finds the lock held.
+    let held = locks.hold("ingest", Duration::from_secs(5)).await.unwrap();
+    assert_eq!(m.total("volcano_locks_held", &[]), 1.0);
+    let err = locks
+        .acquire("ingest", Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    assert!(err.is_lock_held());
+    let acquires = "volcano_lock_acquires_total";
+    assert_eq!(m.total(acquires, &[("outcome", "acquired")]), 1.0);
+    assert_eq!(m.total(acquires, &[("outcome", "held")]), 1.0);
+    let took = m.samples("volcano_lock_acquire_seconds", &[("outcome", "acquired")]);
+    assert_eq!(took.len(), 1);
+    assert!(took[0] > 0.0 && took[0] < 5.0, "{took:?}");
+
+    // A waiting acquire that runs out.
+    let _ = locks
+        .acquire("ingest", Duration::from_secs(5))
+        .wait(Duration::from_millis(300))
+        .await
+        .unwrap_err();
+    let waited = m.samples("volcano_lock_wait_seconds", &[("outcome", "held")]);
+    assert_eq!(waited.len(), 1);
+    assert!(waited[0] >= 0.3, "{waited:?}");
+
+    // Renewals: one answered 503 (retried), then renewed; then refused.
+    server.inject(Fault::status(503).on(Operation::Renew).times(1));
+    let renewals = "volcano_lock_renewals_total";
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    while m.total(renewals, &[("outcome", "renewed")]) == 0.0 {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "no renewal recorded"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(m.total(renewals, &[("outcome", "retried")]), 1.0);
+    server.inject(Fault::status(409).on(Operation::Renew));
+    held.lost().await;
+    assert_eq!(m.total(renewals, &[("outcome", "failed")]), 1.0);
+    let losses = "volcano_lock_losses_total";
+    assert_eq!(m.total(losses, &[("reason", "renewal_failed")]), 1.0);
+    let _ = held.release().await;
+    assert_eq!(m.total("volcano_locks_held", &[]), 0.0);
+    let held_for = m.samples("volcano_lock_hold_seconds", &[]);
+    assert_eq!(held_for.len(), 1);
+    assert!(held_for[0] > 1.0, "held across renewals: {held_for:?}");
+
+    // with_lock counts as a held lock too, and an ordinary end is no loss.
+    server.clear_faults();
+    locks
+        .with_lock("report", Duration::from_secs(5), |_guard| async {
+            Ok::<_, Error>(())
+        })
+        .await
+        .unwrap();
+    assert_eq!(m.total("volcano_locks_held", &[]), 0.0);
+    assert_eq!(m.samples("volcano_lock_hold_seconds", &[]).len(), 2);
+    assert_eq!(m.total(losses, &[("reason", "renewal_failed")]), 1.0);
+    assert_eq!(m.total(acquires, &[("outcome", "acquired")]), 2.0);
+}
