@@ -226,10 +226,7 @@ where
     type IntoFuture = Pin<Box<dyn Future<Output = Self::Output> + Send + 'f>>;
 
     fn into_future(self) -> Self::IntoFuture {
-        Box::pin(async move {
-            let ran = self.run(false).await?;
-            Ok(ran.expect("with_lock runs f or fails"))
-        })
+        Box::pin(Ran(Box::pin(self.run(false))))
     }
 }
 
@@ -263,7 +260,15 @@ where
 
     /// `None` only when `skip_held` and the initial acquire found the lock
     /// held.
-    async fn run(self, skip_held: bool) -> std::result::Result<Option<T>, E> {
+    /// The scope as one future, in its span. Built here rather than in an
+    /// `async fn`: a wrapper would keep a second copy of the builder (and
+    /// `f`) alive beside the scope's state for as long as the lock is held.
+    fn run(
+        self,
+        skip_held: bool,
+    ) -> tracing::instrument::Instrumented<
+        impl Future<Output = std::result::Result<Option<T>, E>> + Send + 'f,
+    > {
         let WithLock {
             mut hold,
             cancel_on_loss,
@@ -279,9 +284,7 @@ where
             fencing_token = tracing::field::Empty
         );
         hold.span = Some(span.clone());
-        Self::scoped(hold, cancel_on_loss, f, into_err, skip_held)
-            .instrument(span)
-            .await
+        Self::scoped(hold, cancel_on_loss, f, into_err, skip_held).instrument(span)
     }
 
     async fn scoped(
@@ -342,6 +345,27 @@ where
     /// or stored (the builder itself is not a future).
     pub fn send(self) -> impl Future<Output = std::result::Result<Option<T>, E>> + Send + 'f {
         self.into_future()
+    }
+}
+
+/// `with_lock`'s outcome from the shared scope's: `f` ran (the scope only
+/// returns `None` when asked to skip a held lock, which `with_lock` never
+/// asks). A plain future rather than an `async` block, for the same reason
+/// as [`WithLock::run`].
+struct Ran<F>(Pin<Box<F>>);
+
+impl<F, T, E> Future for Ran<F>
+where
+    F: Future<Output = std::result::Result<Option<T>, E>>,
+{
+    type Output = std::result::Result<T, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        self.get_mut()
+            .0
+            .as_mut()
+            .poll(cx)
+            .map(|ran| ran.map(|value| value.expect("with_lock runs f or fails")))
     }
 }
 
