@@ -258,9 +258,38 @@ pub struct ClientBuilder {
     timeout: Option<Duration>,
     allow_insecure_http: bool,
     lease_clock: Option<LeaseClock>,
+    http_client: Option<reqwest::Client>,
 }
 
 impl ClientBuilder {
+    /// Sends requests with your own `reqwest::Client`: your TLS roots (a
+    /// private CA), proxy, connection pool and other settings.
+    ///
+    /// What the SDK still does on every request, whatever the client: the
+    /// `Authorization` header with the service key, the request id, `Accept`
+    /// and `Content-Type`, and the per-request timeout ([`Self::timeout`];
+    /// the client's own timeout is not used). Redirects: the SDK's own
+    /// client follows none; yours follows its policy, and reqwest drops
+    /// `Authorization` on a redirect to another host, so the service key
+    /// never goes there. A redirect answered by the lock service itself is
+    /// not part of the protocol: prefer `redirect::Policy::none()`.
+    ///
+    /// ```no_run
+    /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+    /// let http = reqwest::Client::builder()
+    ///     .redirect(reqwest::redirect::Policy::none())
+    ///     .build()?;
+    /// let client = volcano::Client::builder()
+    ///     .service_key("service-key")
+    ///     .http_client(http)
+    ///     .build()?;
+    /// # let _ = client; Ok(()) }
+    /// ```
+    pub fn http_client(mut self, client: reqwest::Client) -> Self {
+        self.http_client = Some(client);
+        self
+    }
+
     /// The project's anon key (optional: lock calls never send it).
     pub fn anon_key(mut self, key: impl Into<String>) -> Self {
         self.anon_key = Some(key.into());
@@ -331,7 +360,7 @@ impl ClientBuilder {
         auth.set_sensitive(true);
         Ok(Client {
             inner: Arc::new(Inner {
-                transport: Transport::new(base_url, auth, timeout)?,
+                transport: Transport::new(base_url, auth, timeout, self.http_client)?,
                 anon_key: self.anon_key,
                 lease_clock: self.lease_clock.unwrap_or_default(),
                 renewals: Arc::new(AtomicUsize::new(0)),

@@ -58,27 +58,46 @@ pub(crate) struct Transport {
     /// `Bearer <service key>`, marked sensitive.
     auth: HeaderValue,
     timeout: Duration,
+    /// The caller's client: what the SDK's own client sets by default
+    /// (headers, the timeout) is set on each request instead.
+    custom: bool,
+}
+
+/// Sent on every request, body or not, as the reference SDKs do.
+fn default_headers() -> HeaderMap {
+    let mut headers = HeaderMap::new();
+    headers.insert(ACCEPT, HeaderValue::from_static("application/json"));
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    headers
 }
 
 impl Transport {
-    pub(crate) fn new(base_url: String, auth: HeaderValue, timeout: Duration) -> Result<Self> {
-        let mut headers = HeaderMap::new();
-        headers.insert(ACCEPT, HeaderValue::from_static("application/json"));
-        // Sent on every request, body or not, as the reference SDKs do.
-        headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-        let http = reqwest::Client::builder()
-            .default_headers(headers)
-            .user_agent(concat!("volcano-rust/", env!("CARGO_PKG_VERSION")))
-            .timeout(timeout)
-            // A redirect would carry the service key elsewhere; report it instead.
-            .redirect(reqwest::redirect::Policy::none())
-            .build()
-            .map_err(|e| Error::invalid(format!("could not build the HTTP client: {e}")))?;
+    /// `http`: the caller's own client ([`crate::ClientBuilder::http_client`]),
+    /// or `None` for the SDK's.
+    pub(crate) fn new(
+        base_url: String,
+        auth: HeaderValue,
+        timeout: Duration,
+        http: Option<reqwest::Client>,
+    ) -> Result<Self> {
+        let custom = http.is_some();
+        let http = match http {
+            Some(http) => http,
+            None => reqwest::Client::builder()
+                .default_headers(default_headers())
+                .user_agent(concat!("volcano-rust/", env!("CARGO_PKG_VERSION")))
+                .timeout(timeout)
+                // A redirect would carry the service key elsewhere; report it instead.
+                .redirect(reqwest::redirect::Policy::none())
+                .build()
+                .map_err(|e| Error::invalid(format!("could not build the HTTP client: {e}")))?,
+        };
         Ok(Transport {
             http,
             base_url,
             auth,
             timeout,
+            custom,
         })
     }
 
@@ -177,9 +196,20 @@ impl Transport {
         if let Some(timeout) = timeout {
             request = request.timeout(timeout);
         }
-        request
+        let mut request = request
             .build()
-            .map_err(|e| Error::invalid(format!("could not build the request: {e}")))
+            .map_err(|e| Error::invalid(format!("could not build the request: {e}")))?;
+        if self.custom {
+            for (name, value) in &default_headers() {
+                request
+                    .headers_mut()
+                    .entry(name)
+                    .or_insert_with(|| value.clone());
+            }
+            let timeout = request.timeout().copied().unwrap_or(self.timeout);
+            *request.timeout_mut() = Some(timeout);
+        }
+        Ok(request)
     }
 
     async fn attempt<O: Operation>(
