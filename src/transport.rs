@@ -227,11 +227,7 @@ impl Transport {
         tracing::Span::current().record("status", status.as_u16());
 
         if status == O::SUCCESS {
-            let date = response
-                .headers()
-                .get(DATE)
-                .and_then(|v| v.to_str().ok())
-                .and_then(http_date);
+            let date = answer_date(response.headers());
             let invalid = |reason| {
                 Error::InvalidResponse(InvalidResponse {
                     reason,
@@ -255,10 +251,7 @@ impl Transport {
         }
 
         let headers = response.headers();
-        let date = headers
-            .get(DATE)
-            .and_then(|v| v.to_str().ok())
-            .and_then(http_date);
+        let date = answer_date(headers);
         let retry_after = headers
             .get(RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
@@ -296,6 +289,14 @@ fn http_date(value: &str) -> Option<DateTime<Utc>> {
     DateTime::parse_from_rfc2822(value.trim())
         .ok()
         .map(|t| t.with_timezone(&Utc))
+}
+
+/// The answer's `Date`: the server's clock when it answered.
+fn answer_date(headers: &HeaderMap) -> Option<DateTime<Utc>> {
+    headers
+        .get(DATE)
+        .and_then(|v| v.to_str().ok())
+        .and_then(http_date)
 }
 
 /// `Retry-After` as delay-seconds or as an HTTP-date. A date is measured

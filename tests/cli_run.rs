@@ -52,6 +52,21 @@ async fn ended(child: Child) -> Ended {
     }
 }
 
+/// Another operator force-releases `key` with the CLI.
+async fn force_release(server: &MockServer, key: &str) {
+    let admin = volcano(server, &["locks", "force-release", key, "--yes"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(admin.status.code(), Some(0), "{admin:?}");
+}
+
+/// Sends SIGTERM to the CLI process.
+fn sigterm(child: &Child) {
+    let pid = rustix::process::Pid::from_raw(child.id().unwrap() as i32).unwrap();
+    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+}
+
 fn live(server: &MockServer, key: &str) -> bool {
     server.locks().iter().any(|l| l.key == key && l.live)
 }
@@ -149,11 +164,7 @@ async fn a_force_released_lock_stops_the_command_and_exits_8() {
     .unwrap();
     started(&mark).await;
     // Someone else takes it: the next renewal is refused.
-    let admin = volcano(&server, &["locks", "force-release", "report", "--yes"])
-        .output()
-        .await
-        .unwrap();
-    assert_eq!(admin.status.code(), Some(0));
+    force_release(&server, "report").await;
     let ended = ended(child).await;
     assert_eq!(ended.code, Some(8), "{}", ended.stderr);
     assert!(ended.stderr.contains("lost"), "{}", ended.stderr);
@@ -196,10 +207,7 @@ async fn a_command_that_ignores_sigterm_is_killed_after_kill_after() {
         .wait_for(Operation::Acquire, 201, Duration::from_secs(10))
         .await
         .expect("acquired");
-    volcano(&server, &["locks", "force-release", "report", "--yes"])
-        .output()
-        .await
-        .unwrap();
+    force_release(&server, "report").await;
     let ended = ended(child).await;
     assert_eq!(ended.code, Some(8), "{}", ended.stderr);
     assert!(ended.stderr.contains("SIGKILL"), "{}", ended.stderr);
@@ -276,8 +284,7 @@ async fn sigterm_to_the_cli_reaches_the_command_and_the_lock_is_released() {
     .spawn()
     .unwrap();
     started(&mark).await;
-    let pid = rustix::process::Pid::from_raw(child.id().unwrap() as i32).unwrap();
-    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    sigterm(&child);
     let ended = ended(child).await;
     assert_eq!(ended.code, Some(0), "{}", ended.stderr);
     assert_eq!(
@@ -352,10 +359,7 @@ async fn on_a_loss_everything_the_command_started_is_stopped() {
         .trim()
         .parse()
         .unwrap();
-    volcano(&server, &["locks", "force-release", "report", "--yes"])
-        .output()
-        .await
-        .unwrap();
+    force_release(&server, "report").await;
     let ended = ended(child).await;
     assert_eq!(ended.code, Some(8), "{}", ended.stderr);
     let pid = rustix::process::Pid::from_raw(grandchild).unwrap();
@@ -392,8 +396,7 @@ async fn a_signal_while_acquiring_with_a_callers_token_leaves_no_lease_behind() 
         .await
         .expect("the acquire was applied");
     assert!(live(&server, "report"));
-    let pid = rustix::process::Pid::from_raw(child.id().unwrap() as i32).unwrap();
-    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
+    sigterm(&child);
     let ended = ended(child).await;
     assert_eq!(ended.code, Some(143), "{}", ended.stderr);
     assert!(ended.stderr.contains("not started"), "{}", ended.stderr);

@@ -10,25 +10,11 @@ mod common;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{eventually, mock_client};
+use common::{eventually, mock_client, Captured};
 use volcano::Error;
 use volcano_mock_server::{Fault, MockServer, Operation};
 
 const TTL: Duration = Duration::from_secs(5);
-
-/// Captures everything logged on this thread.
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
 
 #[tokio::test(flavor = "current_thread")]
 async fn logs_tell_the_story_without_secrets() {

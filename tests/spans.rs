@@ -4,39 +4,14 @@
 
 mod common;
 
-use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use common::{eventually, mock_client};
+use common::{eventually, mock_client, Captured};
 use tracing::Instrument;
 use volcano::Error;
 use volcano_mock_server::MockServer;
 
 const TTL: Duration = Duration::from_secs(5);
-
-#[derive(Clone, Default)]
-struct Captured(Arc<Mutex<Vec<u8>>>);
-
-impl std::io::Write for Captured {
-    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
-        self.0.lock().unwrap().extend_from_slice(buf);
-        Ok(buf.len())
-    }
-    fn flush(&mut self) -> std::io::Result<()> {
-        Ok(())
-    }
-}
-
-impl Captured {
-    /// The logged lines that contain `what`.
-    fn lines(&self, what: &str) -> Vec<String> {
-        String::from_utf8_lossy(&self.0.lock().unwrap())
-            .lines()
-            .filter(|l| l.contains(what))
-            .map(str::to_owned)
-            .collect()
-    }
-}
 
 #[tokio::test(flavor = "current_thread")]
 async fn renewals_and_background_releases_log_under_the_callers_span() {

@@ -197,3 +197,28 @@ pub async fn methods(server: &MockServer) -> Vec<String> {
         .map(|r| r.method.to_string())
         .collect()
 }
+
+/// Everything a test's `tracing` subscriber writes, for reading back.
+#[derive(Clone, Default)]
+pub struct Captured(pub Arc<std::sync::Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(buf);
+        Ok(buf.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    /// The logged lines that contain `what`.
+    pub fn lines(&self, what: &str) -> Vec<String> {
+        String::from_utf8_lossy(&self.0.lock().unwrap())
+            .lines()
+            .filter(|l| l.contains(what))
+            .map(str::to_owned)
+            .collect()
+    }
+}

@@ -341,7 +341,7 @@ async fn command_value(locks: &volcano::Locks, command: Locks) -> Result<Value, 
             ttl,
             ids,
         } => {
-            let lease = LockLease::new(&key, token, chrono::Utc::now(), 0);
+            let lease = lease_of(&key, token);
             let mut renew = locks.renew(&lease, ttl);
             if let Some(id) = ids.request_id {
                 renew = renew.request_id(id);
@@ -349,7 +349,7 @@ async fn command_value(locks: &volcano::Locks, command: Locks) -> Result<Value, 
             Ok(lease_json(&renew.await?, false))
         }
         Locks::Release { key, token, ids } => {
-            let lease = LockLease::new(&key, token, chrono::Utc::now(), 0);
+            let lease = lease_of(&key, token);
             let mut release = locks.release(&lease);
             if let Some(id) = ids.request_id {
                 release = release.request_id(id);
@@ -429,6 +429,12 @@ fn confirm(key: &str, state: &LockState) -> Result<(), Failure> {
     } else {
         Err(fail(exit::ABORTED, "not confirmed; nothing was released"))
     }
+}
+
+/// A lease named by its key and ownership token, for renew and release
+/// (the service needs nothing else; expiry and fence are placeholders).
+fn lease_of(key: &str, token: impl Into<String>) -> LockLease {
+    LockLease::new(key, token, chrono::Utc::now(), 0)
 }
 
 fn state_json(key: &str, state: &LockState) -> Value {

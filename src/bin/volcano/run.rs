@@ -221,8 +221,7 @@ pub(crate) async fn run(locks: &Locks, args: RunArgs) -> Result<Ran, Failure> {
 /// (with a generated token the client does this itself).
 async fn release_own(locks: &Locks, key: &str, token: Option<&str>) {
     if let Some(token) = token {
-        let lease = volcano::LockLease::new(key, token, chrono::Utc::now(), 0);
-        let _ = locks.release(&lease).await;
+        let _ = locks.release(&crate::lease_of(key, token)).await;
     }
 }
 
