@@ -577,15 +577,22 @@ async fn candidates_stalled_suspended_and_killed_at_random_never_lead_together()
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(14);
-    // First, always: the leader stalls long enough for a takeover.
-    let first_leader = || ledger.fences.lock().unwrap().first().map(|(id, _)| *id);
-    assert!(eventually(Duration::from_secs(10), || first_leader().is_some()).await);
-    let leader = ids
-        .iter()
-        .position(|id| Some(*id) == first_leader())
-        .unwrap();
-    candidates[leader].stall(TTL + Duration::from_millis(4_000 + next(3_000)));
-    stalls += 1;
+    // First, always: the current leader stalls long enough for a takeover,
+    // until one has thawed into another's term (on a loaded machine the
+    // leader may change hands before its stall lands: up to three tries).
+    let latest_leader = || ledger.fences.lock().unwrap().last().map(|(id, _)| *id);
+    assert!(eventually(Duration::from_secs(10), || latest_leader().is_some()).await);
+    for _ in 0..3 {
+        let Some(leader) = ids.iter().position(|id| Some(*id) == latest_leader()) else {
+            break;
+        };
+        candidates[leader].stall(TTL + Duration::from_millis(4_000 + next(3_000)));
+        stalls += 1;
+        let thawed = || ledger.stale_thaws.load(Ordering::SeqCst) > 0;
+        if eventually(Duration::from_secs(15), thawed).await {
+            break;
+        }
+    }
     for _ in 0..events {
         tokio::time::sleep(Duration::from_millis(700 + next(800))).await;
         // Mostly the latest leader: trouble for a follower changes little.
