@@ -262,8 +262,10 @@ pub struct ClientBuilder {
 }
 
 impl ClientBuilder {
-    /// Sends requests with your own `reqwest::Client`: your TLS roots (a
-    /// private CA), proxy, connection pool and other settings.
+    /// Sends requests with your own `reqwest::Client`: extra TLS roots,
+    /// client certificates, a proxy set in code, your connection pool. (The
+    /// SDK's own client already trusts the OS trust store and honours
+    /// `HTTPS_PROXY`, `HTTP_PROXY` and `NO_PROXY`.)
     ///
     /// What the SDK still does on every request, whatever the client: the
     /// `Authorization` header with the service key, the request id, `Accept`
@@ -354,6 +356,18 @@ impl ClientBuilder {
             }
             Some(key) => key,
         };
+        #[cfg(not(any(feature = "tls-aws-lc-rs", feature = "tls-ring")))]
+        if self.http_client.is_none()
+            && base_url
+                .get(..6)
+                .is_some_and(|s| s.eq_ignore_ascii_case("https:"))
+        {
+            return Err(Error::invalid(
+                "api_url uses https:// but volcano was built without TLS: enable its \
+                 `tls-aws-lc-rs` (default) or `tls-ring` feature, or pass your own client \
+                 with http_client",
+            ));
+        }
         let mut auth = HeaderValue::from_str(&format!("Bearer {key}")).map_err(|_| {
             Error::invalid("service_key contains characters not allowed in a header")
         })?;
@@ -454,6 +468,22 @@ mod tests {
             );
         }
         assert!(check_api_url("http://example.com", true).is_ok());
+    }
+
+    /// Run by `.ci/run` with `--no-default-features`.
+    #[cfg(not(any(feature = "tls-aws-lc-rs", feature = "tls-ring")))]
+    #[test]
+    fn without_tls_https_needs_a_client_of_ones_own() {
+        let builder = || Client::builder().service_key("k");
+        let err = builder().api_url("HTTPS://h").build().unwrap_err();
+        assert!(err.to_string().contains("built without TLS"), "{err}");
+        assert!(builder().api_url("http://127.0.0.1:1").build().is_ok());
+        let http = reqwest::Client::new();
+        assert!(builder()
+            .api_url("https://h")
+            .http_client(http)
+            .build()
+            .is_ok());
     }
 
     #[test]

@@ -458,3 +458,11 @@ impl fmt::Display for LockLost {
 }
 
 impl std::error::Error for LockLost {}
+
+/// `err` followed by its sources, as one line.
+pub(crate) fn chain(err: &dyn std::error::Error) -> String {
+    std::iter::successors(Some(err), |e| e.source())
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(": ")
+}

@@ -36,6 +36,12 @@
 //! a future to spawn. To test your code, the `mock` feature brings the
 //! in-process mock server (`volcano::mock`, `Client::for_mock`).
 //!
+//! Features: `tls-aws-lc-rs` (default) or `tls-ring` choose rustls's
+//! crypto provider; certificates are checked against the OS trust store and
+//! the standard proxy variables are honoured (the README's "TLS, proxies and
+//! your own HTTP client" says why aws-lc-rs is the default). `metrics`,
+//! `mock` and `cli` are described where they apply.
+//!
 //! What a lease cannot promise: a process can pause (GC, swap, suspend)
 //! past its expiry and keep running. The service then hands the lock to
 //! someone else. Only the protected resource can stop the stale holder, by

@@ -71,6 +71,60 @@ fn default_headers() -> HeaderMap {
     headers
 }
 
+/// The SDK's own client. Proxies come from the standard variables
+/// (`HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY`, `NO_PROXY`) and, on macOS and
+/// Windows, the system settings; certificates are checked against the OS
+/// trust store (`SSL_CERT_FILE` and `SSL_CERT_DIR` replace it on Linux).
+fn own_client(timeout: Duration) -> Result<reqwest::Client> {
+    let builder = reqwest::Client::builder()
+        .default_headers(default_headers())
+        .user_agent(concat!("volcano-rust/", env!("CARGO_PKG_VERSION")))
+        .timeout(timeout)
+        // A redirect would carry the service key elsewhere; report it instead.
+        .redirect(reqwest::redirect::Policy::none());
+    #[cfg(feature = "tls-ring")]
+    let builder = builder.tls_backend_preconfigured(tls::ring_config()?);
+    builder
+        .build()
+        .map_err(|e| client_failed(&crate::error::chain(&e)))
+}
+
+/// Building a client fails mostly on TLS: say where trust comes from.
+fn client_failed(reason: &str) -> Error {
+    Error::invalid(format!(
+        "could not build the HTTP client: {reason} (certificates come from the OS trust \
+         store, or from SSL_CERT_FILE and SSL_CERT_DIR when set)"
+    ))
+}
+
+/// TLS with ring, configured here rather than through a process-wide
+/// default provider, which would change what other rustls users in the
+/// process get.
+#[cfg(feature = "tls-ring")]
+mod tls {
+    use std::sync::Arc;
+
+    use rustls::crypto::ring;
+    use rustls::ClientConfig;
+
+    use crate::error::Result;
+
+    pub(super) fn ring_config() -> Result<ClientConfig> {
+        let provider = Arc::new(ring::default_provider());
+        let failed = |e: rustls::Error| super::client_failed(&e.to_string());
+        let verifier = rustls_platform_verifier::Verifier::new(provider.clone()).map_err(failed)?;
+        let mut config = ClientConfig::builder_with_provider(provider)
+            .with_safe_default_protocol_versions()
+            .map_err(failed)?
+            .dangerous()
+            .with_custom_certificate_verifier(Arc::new(verifier))
+            .with_no_client_auth();
+        // What reqwest offers with its own configuration.
+        config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Ok(config)
+    }
+}
+
 impl Transport {
     /// `http`: the caller's own client ([`crate::ClientBuilder::http_client`]),
     /// or `None` for the SDK's.
@@ -83,14 +137,7 @@ impl Transport {
         let custom = http.is_some();
         let http = match http {
             Some(http) => http,
-            None => reqwest::Client::builder()
-                .default_headers(default_headers())
-                .user_agent(concat!("volcano-rust/", env!("CARGO_PKG_VERSION")))
-                .timeout(timeout)
-                // A redirect would carry the service key elsewhere; report it instead.
-                .redirect(reqwest::redirect::Policy::none())
-                .build()
-                .map_err(|e| Error::invalid(format!("could not build the HTTP client: {e}")))?,
+            None => own_client(timeout)?,
         };
         Ok(Transport {
             http,

@@ -136,9 +136,12 @@ async fn a_cancelled_waiter_sends_nothing_more() {
     waiter.abort();
     assert!(waiter.await.unwrap_err().is_cancelled());
     let before = server.requests().len();
-    // Watch for longer than the longest poll interval: nothing arrives.
+    // Watch for 2.5 s, longer than two of the longest poll intervals (1 s):
+    // a waiter still polling would send at least two more. One request
+    // already on the wire when the task was aborted may still land.
     tokio::time::sleep(Duration::from_millis(2_500)).await;
-    assert_eq!(server.requests().len(), before);
+    let after = server.requests().len();
+    assert!(after <= before + 1, "{before} requests, then {after}");
 }
 
 #[tokio::test]

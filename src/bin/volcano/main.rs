@@ -204,9 +204,15 @@ impl From<Error> for Failure {
             Error::Server(_) | Error::Transport(_) => exit::UNAVAILABLE,
             _ => exit::OTHER,
         };
+        // A transport error's reason (refused, a certificate the trust
+        // store does not know, ...) is in its sources.
+        let message = std::iter::successors(Some(&error as &dyn std::error::Error), |e| e.source())
+            .map(ToString::to_string)
+            .collect::<Vec<_>>()
+            .join(": ");
         Failure {
             code,
-            message: error.to_string(),
+            message,
             error: Some(Box::new(error)),
         }
     }
