@@ -341,7 +341,7 @@ impl ClientBuilder {
         if timeout.is_zero() {
             return Err(Error::invalid("timeout must be greater than zero"));
         }
-        let base_url = check_api_url(
+        let api_url = check_api_url(
             self.api_url.as_deref().unwrap_or(DEFAULT_API_URL),
             self.allow_insecure_http,
         )?;
@@ -357,11 +357,7 @@ impl ClientBuilder {
             Some(key) => key,
         };
         #[cfg(not(any(feature = "tls-aws-lc-rs", feature = "tls-ring")))]
-        if self.http_client.is_none()
-            && base_url
-                .get(..6)
-                .is_some_and(|s| s.eq_ignore_ascii_case("https:"))
-        {
+        if self.http_client.is_none() && api_url.https {
             return Err(Error::invalid(
                 "api_url uses https:// but volcano was built without TLS: enable its \
                  `tls-aws-lc-rs` (default) or `tls-ring` feature, or pass your own client \
@@ -374,7 +370,13 @@ impl ClientBuilder {
         auth.set_sensitive(true);
         Ok(Client {
             inner: Arc::new(Inner {
-                transport: Transport::new(base_url, auth, timeout, self.http_client)?,
+                transport: Transport::new(
+                    api_url.text,
+                    auth,
+                    timeout,
+                    self.http_client,
+                    api_url.loopback,
+                )?,
                 anon_key: self.anon_key,
                 lease_clock: self.lease_clock.unwrap_or_default(),
                 renewals: Arc::new(AtomicUsize::new(0)),
@@ -398,8 +400,18 @@ impl fmt::Debug for ClientBuilder {
     }
 }
 
-/// Validates the API URL and returns it without one trailing `/`.
-fn check_api_url(raw: &str, allow_insecure_http: bool) -> Result<String> {
+/// A checked API URL.
+struct ApiUrl {
+    /// Without one trailing `/`.
+    text: String,
+    /// Read only by a build without TLS.
+    #[cfg(not(any(feature = "tls-aws-lc-rs", feature = "tls-ring")))]
+    https: bool,
+    loopback: bool,
+}
+
+/// Validates the API URL.
+fn check_api_url(raw: &str, allow_insecure_http: bool) -> Result<ApiUrl> {
     let url = reqwest::Url::parse(raw)
         .map_err(|e| Error::invalid(format!("api_url {raw:?} is not a valid URL: {e}")))?;
     if !url.username().is_empty() || url.password().is_some() {
@@ -428,7 +440,12 @@ fn check_api_url(raw: &str, allow_insecure_http: bool) -> Result<String> {
         }
     }
     let text = raw.trim();
-    Ok(text.strip_suffix('/').unwrap_or(text).to_owned())
+    Ok(ApiUrl {
+        text: text.strip_suffix('/').unwrap_or(text).to_owned(),
+        #[cfg(not(any(feature = "tls-aws-lc-rs", feature = "tls-ring")))]
+        https: url.scheme() == "https",
+        loopback: is_loopback(&url),
+    })
 }
 
 fn is_loopback(url: &reqwest::Url) -> bool {
@@ -446,7 +463,7 @@ mod tests {
 
     #[test]
     fn api_url_rules() {
-        let ok = |u: &str| check_api_url(u, false).unwrap();
+        let ok = |u: &str| check_api_url(u, false).unwrap().text;
         assert_eq!(ok("https://h:8443/pfx/"), "https://h:8443/pfx");
         assert_eq!(ok("https://h:8443/pfx"), "https://h:8443/pfx");
         assert_eq!(ok("https://api.volcano.dev/"), "https://api.volcano.dev");

@@ -73,10 +73,16 @@ fn default_headers() -> HeaderMap {
 
 /// The SDK's own client. Proxies come from the standard variables
 /// (`HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY`, `NO_PROXY`) and, on macOS and
-/// Windows, the system settings; certificates are checked against the OS
-/// trust store (`SSL_CERT_FILE` and `SSL_CERT_DIR` replace it on Linux).
-fn own_client(timeout: Duration) -> Result<reqwest::Client> {
-    let builder = reqwest::Client::builder()
+/// Windows, the system settings, except for a `loopback` service: a proxy
+/// cannot reach this machine's loopback, and would see the service key of a
+/// plain-http local server. Certificates are checked against the OS trust
+/// store (`SSL_CERT_FILE` and `SSL_CERT_DIR` replace it on Linux).
+fn own_client(timeout: Duration, loopback: bool) -> Result<reqwest::Client> {
+    let mut builder = reqwest::Client::builder();
+    if loopback {
+        builder = builder.no_proxy();
+    }
+    let builder = builder
         .default_headers(default_headers())
         .user_agent(concat!("volcano-rust/", env!("CARGO_PKG_VERSION")))
         .timeout(timeout)
@@ -127,17 +133,18 @@ mod tls {
 
 impl Transport {
     /// `http`: the caller's own client ([`crate::ClientBuilder::http_client`]),
-    /// or `None` for the SDK's.
+    /// or `None` for the SDK's; `loopback`: the service is on this machine.
     pub(crate) fn new(
         base_url: String,
         auth: HeaderValue,
         timeout: Duration,
         http: Option<reqwest::Client>,
+        loopback: bool,
     ) -> Result<Self> {
         let custom = http.is_some();
         let http = match http {
             Some(http) => http,
-            None => own_client(timeout)?,
+            None => own_client(timeout, loopback)?,
         };
         Ok(Transport {
             http,

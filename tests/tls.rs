@@ -246,11 +246,27 @@ async fn os_trust_store_and_standard_proxy_variables() {
         "{lines:?}"
     );
 
-    // 6. NO_PROXY: the listed host goes direct.
+    // 6. A service on loopback goes direct whatever the variables say: no
+    // proxy can reach it, and a plain-http one would see the service key.
     proxied.lock().unwrap().clear();
     trust_only(ca);
     std::env::set_var("HTTP_PROXY", &proxy_url);
-    std::env::set_var("NO_PROXY", "127.0.0.1");
-    round_trip(&server, &client(&server, server.url()).unwrap(), "direct").await;
+    std::env::set_var("ALL_PROXY", &proxy_url);
+    round_trip(&server, &client(&server, server.url()).unwrap(), "loopback").await;
+    assert!(proxied.lock().unwrap().is_empty());
+
+    // 7. NO_PROXY: the listed host goes direct, here to a name that does
+    // not resolve, so the request fails without reaching the proxy.
+    trust_only(ca);
+    std::env::set_var("HTTPS_PROXY", &proxy_url);
+    std::env::set_var("NO_PROXY", "volcano.test");
+    let direct = Client::builder()
+        .service_key(server.service_key())
+        .api_url("https://volcano.test")
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let err = direct.locks().get("direct").await.unwrap_err();
+    assert!(matches!(err, Error::Transport(_)), "{err:?}");
     assert!(proxied.lock().unwrap().is_empty());
 }
