@@ -12,7 +12,7 @@ use tokio::sync::watch;
 use crate::background::Background;
 use crate::error::{Error, Result};
 use crate::locks::{BoxFuture, LeaseClock, Locks};
-use crate::transport::Transport;
+use crate::transport::{Route, Transport};
 
 /// The production API URL.
 pub const DEFAULT_API_URL: &str = "https://api.volcano.dev";
@@ -264,8 +264,17 @@ pub struct ClientBuilder {
 impl ClientBuilder {
     /// Sends requests with your own `reqwest::Client`: extra TLS roots,
     /// client certificates, a proxy set in code, your connection pool. (The
-    /// SDK's own client already trusts the OS trust store and honours
-    /// `HTTPS_PROXY`, `HTTP_PROXY` and `NO_PROXY`.)
+    /// SDK's own client already trusts the OS trust store and takes proxies
+    /// from `HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY`, `NO_PROXY` and, on
+    /// macOS and Windows, the system settings, except for a service on
+    /// loopback, which it always reaches directly. Your client does what
+    /// you configured: `reqwest::Client::new()` sends even
+    /// `http://127.0.0.1` through `HTTP_PROXY`; add `.no_proxy()` for a
+    /// local service.)
+    ///
+    /// With the `tls-ring` feature alone, reqwest is built without a crypto
+    /// provider of its own: install one before building your client
+    /// (`rustls::crypto::ring::default_provider().install_default()`).
     ///
     /// What the SDK still does on every request, whatever the client: the
     /// `Authorization` header with the service key, the request id, `Accept`
@@ -319,7 +328,8 @@ impl ClientBuilder {
     }
 
     /// Allows an `http://` API URL on a non-loopback host. Off by default:
-    /// the service key must not cross a network in clear text.
+    /// the service key must not cross a network in clear text. With it, an
+    /// `HTTP_PROXY` or `ALL_PROXY` proxy sees the service key too.
     pub fn allow_insecure_http(mut self, allow: bool) -> Self {
         self.allow_insecure_http = allow;
         self
@@ -375,7 +385,10 @@ impl ClientBuilder {
                     auth,
                     timeout,
                     self.http_client,
-                    api_url.loopback,
+                    Route {
+                        https: api_url.https,
+                        loopback: api_url.loopback,
+                    },
                 )?,
                 anon_key: self.anon_key,
                 lease_clock: self.lease_clock.unwrap_or_default(),
@@ -404,8 +417,6 @@ impl fmt::Debug for ClientBuilder {
 struct ApiUrl {
     /// Without one trailing `/`.
     text: String,
-    /// Read only by a build without TLS.
-    #[cfg(not(any(feature = "tls-aws-lc-rs", feature = "tls-ring")))]
     https: bool,
     loopback: bool,
 }
@@ -442,7 +453,6 @@ fn check_api_url(raw: &str, allow_insecure_http: bool) -> Result<ApiUrl> {
     let text = raw.trim();
     Ok(ApiUrl {
         text: text.strip_suffix('/').unwrap_or(text).to_owned(),
-        #[cfg(not(any(feature = "tls-aws-lc-rs", feature = "tls-ring")))]
         https: url.scheme() == "https",
         loopback: is_loopback(&url),
     })
@@ -450,9 +460,14 @@ fn check_api_url(raw: &str, allow_insecure_http: bool) -> Result<ApiUrl> {
 
 fn is_loopback(url: &reqwest::Url) -> bool {
     match url.host() {
-        Some(url::Host::Domain(domain)) => domain.eq_ignore_ascii_case("localhost"),
+        Some(url::Host::Domain(domain)) => {
+            let domain = domain.strip_suffix('.').unwrap_or(domain);
+            domain.eq_ignore_ascii_case("localhost")
+        }
         Some(url::Host::Ipv4(ip)) => IpAddr::V4(ip).is_loopback(),
-        Some(url::Host::Ipv6(ip)) => IpAddr::V6(ip).is_loopback(),
+        Some(url::Host::Ipv6(ip)) => {
+            ip.is_loopback() || ip.to_ipv4_mapped().is_some_and(|v4| v4.is_loopback())
+        }
         None => false,
     }
 }
@@ -471,6 +486,15 @@ mod tests {
         assert_eq!(ok("http://127.9.9.9:8000"), "http://127.9.9.9:8000");
         assert_eq!(ok("http://[::1]:8000/"), "http://[::1]:8000");
         assert_eq!(ok("http://LOCALHOST:8000"), "http://LOCALHOST:8000");
+        assert_eq!(ok("http://localhost.:8000"), "http://localhost.:8000");
+        assert_eq!(ok("http://[::ffff:127.0.0.1]"), "http://[::ffff:127.0.0.1]");
+        assert_eq!(ok("http://127.1"), "http://127.1");
+        for local in ["https://localhost.", "https://[::1]", "https://127.3.2.1"] {
+            assert!(check_api_url(local, false).unwrap().loopback, "{local}");
+        }
+        for remote in ["https://localhost.example", "https://[::ffff:10.0.0.1]"] {
+            assert!(!check_api_url(remote, false).unwrap().loopback, "{remote}");
+        }
         for bad in [
             "http://example.com",
             "http://10.0.0.1:8000",

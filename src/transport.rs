@@ -71,16 +71,42 @@ fn default_headers() -> HeaderMap {
     headers
 }
 
+/// Where the service is, as the SDK's own client needs to know.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Route {
+    pub(crate) https: bool,
+    /// On this machine: `localhost`, `127.0.0.0/8`, `::1`.
+    pub(crate) loopback: bool,
+}
+
 /// The SDK's own client. Proxies come from the standard variables
 /// (`HTTPS_PROXY`, `HTTP_PROXY`, `ALL_PROXY`, `NO_PROXY`) and, on macOS and
-/// Windows, the system settings, except for a `loopback` service: a proxy
+/// Windows, the system settings, except for a service on loopback: a proxy
 /// cannot reach this machine's loopback, and would see the service key of a
 /// plain-http local server. Certificates are checked against the OS trust
-/// store (`SSL_CERT_FILE` and `SSL_CERT_DIR` replace it on Linux).
-fn own_client(timeout: Duration, loopback: bool) -> Result<reqwest::Client> {
+/// store (`SSL_CERT_FILE` and `SSL_CERT_DIR` replace it on Linux), which is
+/// not even loaded for a plain-http service on loopback (the mock server),
+/// so tests run in an image without CA certificates.
+fn own_client(timeout: Duration, route: Route) -> Result<reqwest::Client> {
     let mut builder = reqwest::Client::builder();
-    if loopback {
+    if route.loopback {
         builder = builder.no_proxy();
+    }
+    // No TLS at all: no proxy, no https.
+    #[cfg_attr(
+        not(any(feature = "tls-aws-lc-rs", feature = "tls-ring")),
+        allow(unused)
+    )]
+    let plain_local = route.loopback && !route.https;
+    #[cfg(all(feature = "tls-aws-lc-rs", not(feature = "tls-ring")))]
+    if plain_local {
+        builder = builder.tls_certs_only([]);
+    }
+    // reqwest ignores its own TLS options (versions, roots, SNI) for a
+    // configuration given whole: set them in `tls::ring_config`.
+    #[cfg(feature = "tls-ring")]
+    {
+        builder = builder.tls_backend_preconfigured(tls::ring_config(plain_local)?);
     }
     let builder = builder
         .default_headers(default_headers())
@@ -88,8 +114,6 @@ fn own_client(timeout: Duration, loopback: bool) -> Result<reqwest::Client> {
         .timeout(timeout)
         // A redirect would carry the service key elsewhere; report it instead.
         .redirect(reqwest::redirect::Policy::none());
-    #[cfg(feature = "tls-ring")]
-    let builder = builder.tls_backend_preconfigured(tls::ring_config()?);
     builder
         .build()
         .map_err(|e| client_failed(&crate::error::chain(&e)))
@@ -115,16 +139,22 @@ mod tls {
 
     use crate::error::Result;
 
-    pub(super) fn ring_config() -> Result<ClientConfig> {
+    /// `plain_local`: no TLS will be spoken, so no trust store is loaded.
+    pub(super) fn ring_config(plain_local: bool) -> Result<ClientConfig> {
         let provider = Arc::new(ring::default_provider());
         let failed = |e: rustls::Error| super::client_failed(&e.to_string());
-        let verifier = rustls_platform_verifier::Verifier::new(provider.clone()).map_err(failed)?;
-        let mut config = ClientConfig::builder_with_provider(provider)
+        let builder = ClientConfig::builder_with_provider(provider.clone())
             .with_safe_default_protocol_versions()
-            .map_err(failed)?
-            .dangerous()
-            .with_custom_certificate_verifier(Arc::new(verifier))
-            .with_no_client_auth();
+            .map_err(failed)?;
+        let builder = if plain_local {
+            builder.with_root_certificates(rustls::RootCertStore::empty())
+        } else {
+            let verifier = rustls_platform_verifier::Verifier::new(provider).map_err(failed)?;
+            builder
+                .dangerous()
+                .with_custom_certificate_verifier(Arc::new(verifier))
+        };
+        let mut config = builder.with_no_client_auth();
         // What reqwest offers with its own configuration.
         config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         Ok(config)
@@ -133,18 +163,18 @@ mod tls {
 
 impl Transport {
     /// `http`: the caller's own client ([`crate::ClientBuilder::http_client`]),
-    /// or `None` for the SDK's; `loopback`: the service is on this machine.
+    /// or `None` for the SDK's.
     pub(crate) fn new(
         base_url: String,
         auth: HeaderValue,
         timeout: Duration,
         http: Option<reqwest::Client>,
-        loopback: bool,
+        route: Route,
     ) -> Result<Self> {
         let custom = http.is_some();
         let http = match http {
             Some(http) => http,
-            None => own_client(timeout, loopback)?,
+            None => own_client(timeout, route)?,
         };
         Ok(Transport {
             http,

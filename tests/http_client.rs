@@ -27,7 +27,7 @@ async fn a_callers_client_still_sends_the_sdks_headers() {
         .respond_with(lease_body(201, 4))
         .mount(&server)
         .await;
-    let http = reqwest::Client::builder().build().unwrap();
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
     let lease = with_http(&server.uri(), http, Duration::from_secs(5))
         .locks()
         .acquire("job", Duration::from_secs(30))
@@ -54,6 +54,7 @@ async fn the_sdks_timeout_applies_not_the_clients() {
         .mount(&server)
         .await;
     let http = reqwest::Client::builder()
+        .no_proxy()
         .timeout(Duration::from_secs(60))
         .build()
         .unwrap();
@@ -88,7 +89,7 @@ async fn a_redirect_to_another_host_never_carries_the_service_key() {
         .await;
     // A client that follows redirects (reqwest's default policy). The two
     // servers differ by port: another origin.
-    let http = reqwest::Client::builder().build().unwrap();
+    let http = reqwest::Client::builder().no_proxy().build().unwrap();
     let err = with_http(&server.uri(), http, Duration::from_secs(5))
         .locks()
         .acquire("job", Duration::from_secs(30))
