@@ -24,6 +24,8 @@ pub(crate) trait Operation {
     const ON_LEASE: bool;
     /// Whether a success carries a JSON object to decode.
     const HAS_BODY: bool;
+    /// Whether a success's `Date` header is read (to time a lease).
+    const NEEDS_DATE: bool = false;
     /// Attempts of one call: acquire is idempotent for one token, so it is
     /// sent once more after a failure that left ownership undecided.
     const ATTEMPTS: u32 = 1;
@@ -70,6 +72,7 @@ impl Operation for Acquire<'_> {
     const SUCCESS: StatusCode = StatusCode::CREATED;
     const ON_LEASE: bool = true;
     const HAS_BODY: bool = true;
+    const NEEDS_DATE: bool = true;
     const ATTEMPTS: u32 = 2;
 
     fn key(&self) -> &str {
@@ -102,6 +105,7 @@ impl Operation for Renew<'_> {
     const SUCCESS: StatusCode = StatusCode::OK;
     const ON_LEASE: bool = true;
     const HAS_BODY: bool = true;
+    const NEEDS_DATE: bool = true;
 
     fn key(&self) -> &str {
         self.lease.key()

@@ -68,9 +68,12 @@ pub(crate) fn is_uuid(value: &str) -> bool {
 /// A new random (v4, lowercase, hyphenated) UUID string, from the
 /// thread-local CSPRNG (no system call per id).
 pub(crate) fn new_uuid() -> String {
+    let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH];
     uuid::Builder::from_random_bytes(rand::random())
         .into_uuid()
-        .to_string()
+        .hyphenated()
+        .encode_lower(&mut text)
+        .to_owned()
 }
 
 /// Shows at most 64 characters of a rejected key in an error message.
