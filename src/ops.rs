@@ -24,8 +24,9 @@ pub(crate) trait Operation {
     const ON_LEASE: bool;
     /// Whether a success carries a JSON object to decode.
     const HAS_BODY: bool;
-    /// Whether a success's `Date` header is read (to time a lease).
-    const NEEDS_DATE: bool = false;
+    /// Whether a success's `Date` header is read (to time a lease). Every
+    /// operation says, so that a new one cannot miss it by default.
+    const NEEDS_DATE: bool;
     /// Attempts of one call: acquire is idempotent for one token, so it is
     /// sent once more after a failure that left ownership undecided.
     const ATTEMPTS: u32 = 1;
@@ -136,6 +137,7 @@ impl Operation for Get<'_> {
     const SUCCESS: StatusCode = StatusCode::OK;
     const ON_LEASE: bool = false;
     const HAS_BODY: bool = true;
+    const NEEDS_DATE: bool = false;
 
     fn key(&self) -> &str {
         self.key
@@ -158,6 +160,7 @@ impl Operation for Release<'_> {
     const SUCCESS: StatusCode = StatusCode::NO_CONTENT;
     const ON_LEASE: bool = true;
     const HAS_BODY: bool = false;
+    const NEEDS_DATE: bool = false;
 
     fn key(&self) -> &str {
         self.lease.key()
@@ -184,6 +187,7 @@ impl Operation for ForceRelease<'_> {
     const SUCCESS: StatusCode = StatusCode::NO_CONTENT;
     const ON_LEASE: bool = false;
     const HAS_BODY: bool = false;
+    const NEEDS_DATE: bool = false;
 
     fn key(&self) -> &str {
         self.key

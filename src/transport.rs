@@ -385,10 +385,12 @@ fn http_date(value: &str) -> Option<DateTime<Utc>> {
 }
 
 /// The one form servers send (RFC 9110 IMF-fixdate, `Sun, 06 Nov 1994
-/// 08:49:37 GMT`), read by position: a tenth of the general parser's cost
-/// on every answer. The weekday is not checked, as RFC 2822 parsers do not
-/// need it either; anything else falls to the general parser.
+/// 08:49:37 GMT`), read by position: about a fifth of the general parser's
+/// instructions. Anything else, a weekday that does not match the date
+/// included, falls to the general parser, which then decides.
 fn imf_fixdate(value: &str) -> Option<DateTime<Utc>> {
+    use chrono::Datelike;
+    const WEEKDAYS: [&[u8; 3]; 7] = [b"Mon", b"Tue", b"Wed", b"Thu", b"Fri", b"Sat", b"Sun"];
     let b = value.as_bytes();
     if b.len() != 29 || &b[3..5] != b", " || &b[25..] != b" GMT" {
         return None;
@@ -407,6 +409,9 @@ fn imf_fixdate(value: &str) -> Option<DateTime<Utc>> {
         return None;
     }
     let date = chrono::NaiveDate::from_ymd_opt(number(12, 4)? as i32, month, number(5, 2)?)?;
+    if WEEKDAYS[date.weekday().num_days_from_monday() as usize][..] != b[..3] {
+        return None;
+    }
     let time = chrono::NaiveTime::from_hms_opt(number(17, 2)?, number(20, 2)?, number(23, 2)?)?;
     Some(date.and_time(time).and_utc())
 }
@@ -572,8 +577,20 @@ mod tests {
             "Sun, 6 Nov 1994 08:49:37 GMT",
             "Sun, 06 Nov 1994 08-49-37 GMT",
             "Sun, 06 Nov +994 08:49:37 GMT",
+            "Mon, 06 Nov 1994 08:49:37 GMT",
+            "Xyz, 06 Nov 1994 08:49:37 GMT",
+            "sun, 06 Nov 1994 08:49:37 GMT",
+            "Sun, 06 Nov 1994 23:59:60 GMT",
         ] {
             assert_eq!(imf_fixdate(v), None, "{v}");
+        }
+        // Where the fast path declines, the answer is the general parser's.
+        for v in [
+            "Mon, 06 Nov 1994 08:49:37 GMT",
+            "Xyz, 06 Nov 1994 08:49:37 GMT",
+            "Sun, 06 Nov 1994 23:59:60 GMT",
+        ] {
+            assert_eq!(http_date(v), general(v), "{v}");
         }
         // Other RFC 2822 forms still parse, through the general parser.
         assert_eq!(
