@@ -367,7 +367,7 @@ impl ClientBuilder {
             Some(key) => key,
         };
         #[cfg(not(any(feature = "tls-aws-lc-rs", feature = "tls-ring")))]
-        if self.http_client.is_none() && api_url.https {
+        if self.http_client.is_none() && api_url.route.https {
             return Err(Error::invalid(
                 "api_url uses https:// but volcano was built without TLS: enable its \
                  `tls-aws-lc-rs` (default) or `tls-ring` feature, or pass your own client \
@@ -385,10 +385,7 @@ impl ClientBuilder {
                     auth,
                     timeout,
                     self.http_client,
-                    Route {
-                        https: api_url.https,
-                        loopback: api_url.loopback,
-                    },
+                    api_url.route,
                 )?,
                 anon_key: self.anon_key,
                 lease_clock: self.lease_clock.unwrap_or_default(),
@@ -417,8 +414,7 @@ impl fmt::Debug for ClientBuilder {
 struct ApiUrl {
     /// Without one trailing `/`.
     text: String,
-    https: bool,
-    loopback: bool,
+    route: Route,
 }
 
 /// Validates the API URL.
@@ -453,8 +449,10 @@ fn check_api_url(raw: &str, allow_insecure_http: bool) -> Result<ApiUrl> {
     let text = raw.trim();
     Ok(ApiUrl {
         text: text.strip_suffix('/').unwrap_or(text).to_owned(),
-        https: url.scheme() == "https",
-        loopback: is_loopback(&url),
+        route: Route {
+            https: url.scheme() == "https",
+            loopback: is_loopback(&url),
+        },
     })
 }
 
@@ -490,10 +488,16 @@ mod tests {
         assert_eq!(ok("http://[::ffff:127.0.0.1]"), "http://[::ffff:127.0.0.1]");
         assert_eq!(ok("http://127.1"), "http://127.1");
         for local in ["https://localhost.", "https://[::1]", "https://127.3.2.1"] {
-            assert!(check_api_url(local, false).unwrap().loopback, "{local}");
+            assert!(
+                check_api_url(local, false).unwrap().route.loopback,
+                "{local}"
+            );
         }
         for remote in ["https://localhost.example", "https://[::ffff:10.0.0.1]"] {
-            assert!(!check_api_url(remote, false).unwrap().loopback, "{remote}");
+            assert!(
+                !check_api_url(remote, false).unwrap().route.loopback,
+                "{remote}"
+            );
         }
         for bad in [
             "http://example.com",

@@ -65,12 +65,13 @@ pub(crate) struct Transport {
     custom: bool,
 }
 
+const JSON: HeaderValue = HeaderValue::from_static("application/json");
+
 /// Sent on every request, body or not, as the reference SDKs do.
+const DEFAULT_HEADERS: [(HeaderName, HeaderValue); 2] = [(ACCEPT, JSON), (CONTENT_TYPE, JSON)];
+
 fn default_headers() -> HeaderMap {
-    let mut headers = HeaderMap::new();
-    headers.insert(ACCEPT, HeaderValue::from_static("application/json"));
-    headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
-    headers
+    HeaderMap::from_iter(DEFAULT_HEADERS)
 }
 
 /// Where the service is, as the SDK's own client needs to know.
@@ -95,10 +96,7 @@ fn own_client(timeout: Duration, route: Route) -> Result<reqwest::Client> {
         builder = builder.no_proxy();
     }
     // No TLS at all: no proxy, no https.
-    #[cfg_attr(
-        not(any(feature = "tls-aws-lc-rs", feature = "tls-ring")),
-        allow(unused)
-    )]
+    #[cfg(any(feature = "tls-aws-lc-rs", feature = "tls-ring"))]
     let plain_local = route.loopback && !route.https;
     #[cfg(all(feature = "tls-aws-lc-rs", not(feature = "tls-ring")))]
     if plain_local {
@@ -286,11 +284,8 @@ impl Transport {
             .build()
             .map_err(|e| Error::invalid(format!("could not build the request: {e}")))?;
         if self.custom {
-            for (name, value) in &default_headers() {
-                request
-                    .headers_mut()
-                    .entry(name)
-                    .or_insert_with(|| value.clone());
+            for (name, value) in DEFAULT_HEADERS {
+                request.headers_mut().entry(name).or_insert(value);
             }
             let timeout = request.timeout().copied().unwrap_or(self.timeout);
             *request.timeout_mut() = Some(timeout);
@@ -341,11 +336,10 @@ impl Transport {
         }
 
         let headers = response.headers();
-        let date = answer_date(headers);
         let retry_after = headers
             .get(RETRY_AFTER)
             .and_then(|v| v.to_str().ok())
-            .and_then(|v| retry_after(v, date));
+            .and_then(|v| retry_after(v, || answer_date(headers)));
         let (bytes, _) = read_body(&mut response, MAX_ERROR_BODY, request_id).await?;
         let error = Error::from_status(api_error(status.as_u16(), &bytes, request_id, retry_after));
         tracing::debug!(error = %error, "lock call failed");
@@ -427,13 +421,13 @@ fn answer_date(headers: &HeaderMap) -> Option<DateTime<Utc>> {
 /// `Retry-After` as delay-seconds or as an HTTP-date. A date is measured
 /// from the answer's own `Date` (both on the server's clock) when there is
 /// one, else from this machine's clock; a date already past is zero.
-fn retry_after(value: &str, date: Option<DateTime<Utc>>) -> Option<Duration> {
+fn retry_after(value: &str, date: impl FnOnce() -> Option<DateTime<Utc>>) -> Option<Duration> {
     let value = value.trim();
     if let Ok(secs) = value.parse::<u64>() {
         return Some(Duration::from_secs(secs));
     }
     let at = http_date(value)?;
-    let from = date.unwrap_or_else(Utc::now);
+    let from = date().unwrap_or_else(Utc::now);
     Some((at - from).to_std().unwrap_or(Duration::ZERO))
 }
 
@@ -602,18 +596,18 @@ mod tests {
     #[test]
     fn retry_after_is_read_as_seconds_or_as_a_date_on_the_servers_clock() {
         let date = http_date("Mon, 30 Nov 2026 12:00:00 GMT");
-        assert_eq!(retry_after(" 7 ", date), Some(Duration::from_secs(7)));
+        assert_eq!(retry_after(" 7 ", || date), Some(Duration::from_secs(7)));
         assert_eq!(
-            retry_after("Mon, 30 Nov 2026 12:00:30 GMT", date),
+            retry_after("Mon, 30 Nov 2026 12:00:30 GMT", || date),
             Some(Duration::from_secs(30)),
             "from the answer's Date, not this machine's clock"
         );
         assert_eq!(
-            retry_after("Mon, 30 Nov 2026 11:59:00 GMT", date),
+            retry_after("Mon, 30 Nov 2026 11:59:00 GMT", || date),
             Some(Duration::ZERO)
         );
-        assert_eq!(retry_after("soon", date), None);
-        assert_eq!(retry_after("-3", date), None);
+        assert_eq!(retry_after("soon", || date), None);
+        assert_eq!(retry_after("-3", || date), None);
     }
 
     #[test]

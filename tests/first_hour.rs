@@ -11,8 +11,7 @@ use std::time::Duration;
 use common::*;
 use volcano::mock::{Fault, MockServer, Operation};
 use volcano::{Client, Error, LostReason};
-use wiremock::matchers::method;
-use wiremock::{Mock, ResponseTemplate};
+use wiremock::ResponseTemplate;
 
 const TTL: Duration = Duration::from_secs(10);
 
@@ -157,10 +156,12 @@ async fn is_transient_says_which_failures_are_worth_retrying() {
     ];
     for (status, transient) in statuses {
         server.reset().await;
-        Mock::given(method("GET"))
-            .respond_with(error_body(status, "x", None).insert_header("retry-after", "1"))
-            .mount(&server)
-            .await;
+        mount(
+            &server,
+            "GET",
+            error_body(status, "x", None).insert_header("retry-after", "1"),
+        )
+        .await;
         let err = client(&server.uri()).locks().get("k").await.unwrap_err();
         assert_eq!(err.is_transient(), transient, "{status}: {err}");
     }
@@ -180,22 +181,14 @@ async fn is_transient_says_which_failures_are_worth_retrying() {
 #[tokio::test]
 async fn a_lost_lock_reads_once_with_its_cause() {
     let server = server().await;
-    Mock::given(method("POST"))
-        .respond_with(lease_body(201, 3))
-        .mount(&server)
-        .await;
-    Mock::given(method("PATCH"))
-        .respond_with(error_body(
-            409,
-            "lease is gone",
-            Some(volcano::codes::OWNERSHIP_LOST),
-        ))
-        .mount(&server)
-        .await;
-    Mock::given(method("DELETE"))
-        .respond_with(ResponseTemplate::new(204))
-        .mount(&server)
-        .await;
+    mount(&server, "POST", lease_body(201, 3)).await;
+    mount(
+        &server,
+        "PATCH",
+        error_body(409, "lease is gone", Some(volcano::codes::OWNERSHIP_LOST)),
+    )
+    .await;
+    mount(&server, "DELETE", ResponseTemplate::new(204)).await;
     let err = client(&server.uri())
         .locks()
         .with_lock("job", Duration::from_secs(5), |guard| async move {
@@ -265,10 +258,7 @@ async fn wait_for_returns_the_journal_entry_once_it_is_recorded() {
 #[tokio::test]
 async fn try_with_lock_skips_only_on_lock_held() {
     let server = server().await;
-    Mock::given(method("POST"))
-        .respond_with(error_body(409, "conflict", None))
-        .mount(&server)
-        .await;
+    mount(&server, "POST", error_body(409, "conflict", None)).await;
     let err = client(&server.uri())
         .locks()
         .try_with_lock("job", TTL, |_guard| async { Ok::<_, Error>(()) })

@@ -23,10 +23,7 @@ fn with_http(url: &str, http: reqwest::Client, timeout: Duration) -> Client {
 #[tokio::test]
 async fn a_callers_client_still_sends_the_sdks_headers() {
     let server = server().await;
-    Mock::given(method("POST"))
-        .respond_with(lease_body(201, 4))
-        .mount(&server)
-        .await;
+    mount(&server, "POST", lease_body(201, 4)).await;
     let http = reqwest::Client::builder().no_proxy().build().unwrap();
     let lease = with_http(&server.uri(), http, Duration::from_secs(5))
         .locks()
@@ -49,10 +46,12 @@ async fn a_callers_client_still_sends_the_sdks_headers() {
 #[tokio::test]
 async fn the_sdks_timeout_applies_not_the_clients() {
     let server = server().await;
-    Mock::given(method("GET"))
-        .respond_with(lease_body(200, 1).set_delay(Duration::from_secs(5)))
-        .mount(&server)
-        .await;
+    mount(
+        &server,
+        "GET",
+        lease_body(200, 1).set_delay(Duration::from_secs(5)),
+    )
+    .await;
     let http = reqwest::Client::builder()
         .no_proxy()
         .timeout(Duration::from_secs(60))
@@ -74,10 +73,7 @@ async fn the_sdks_timeout_applies_not_the_clients() {
 #[tokio::test]
 async fn a_redirect_to_another_host_never_carries_the_service_key() {
     let elsewhere = wiremock::MockServer::start().await;
-    Mock::given(method("POST"))
-        .respond_with(ResponseTemplate::new(401))
-        .mount(&elsewhere)
-        .await;
+    mount(&elsewhere, "POST", ResponseTemplate::new(401)).await;
     let server = server().await;
     Mock::given(method("POST"))
         .and(path("/locks/job/lease"))

@@ -15,14 +15,7 @@ const TTL: Duration = Duration::from_secs(5);
 
 #[tokio::test(flavor = "current_thread")]
 async fn renewals_and_background_releases_log_under_the_callers_span() {
-    let captured = Captured::default();
-    let writer = captured.clone();
-    let subscriber = tracing_subscriber::fmt()
-        .with_max_level(tracing::Level::DEBUG)
-        .with_ansi(false)
-        .with_writer(move || writer.clone())
-        .finish();
-    let _default = tracing::subscriber::set_default(subscriber);
+    let (captured, _default) = Captured::install(tracing::Level::DEBUG);
 
     let server = MockServer::start().await;
     let client = mock_client(&server);

@@ -13,13 +13,6 @@ use wiremock::{Mock, MockServer, ResponseTemplate};
 
 const TTL: Duration = Duration::from_secs(5);
 
-async fn mount(server: &MockServer, verb: &str, response: impl wiremock::Respond + 'static) {
-    Mock::given(method(verb))
-        .respond_with(response)
-        .mount(server)
-        .await;
-}
-
 async fn happy_server() -> MockServer {
     let server = server().await;
     mount(&server, "POST", lease_body(201, 7)).await;

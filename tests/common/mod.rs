@@ -43,6 +43,14 @@ pub fn mock_client(server: &volcano_mock_server::MockServer) -> Client {
         .expect("mock server client")
 }
 
+/// Answers every `verb` request on `server` with `response`.
+pub async fn mount(server: &MockServer, verb: &str, response: impl wiremock::Respond + 'static) {
+    Mock::given(wiremock::matchers::method(verb))
+        .respond_with(response)
+        .mount(server)
+        .await;
+}
+
 /// A wiremock server whose unmatched requests get a descriptive 418, so a
 /// failing test says which request nobody expected.
 pub async fn server() -> MockServer {
@@ -213,6 +221,19 @@ impl std::io::Write for Captured {
 }
 
 impl Captured {
+    /// Captures this thread's events up to `level` until the guard drops.
+    pub fn install(level: tracing::Level) -> (Captured, tracing::subscriber::DefaultGuard) {
+        let captured = Captured::default();
+        let writer = captured.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(level)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        let guard = tracing::subscriber::set_default(subscriber);
+        (captured, guard)
+    }
+
     /// The logged lines that contain `what`.
     pub fn lines(&self, what: &str) -> Vec<String> {
         String::from_utf8_lossy(&self.0.lock().unwrap())

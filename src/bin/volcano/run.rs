@@ -28,8 +28,7 @@ use volcano::{Error, Locks};
 
 use crate::{exit, Failure};
 
-/// What `run` was asked to do.
-#[derive(Debug)]
+/// What `run` was asked to do. No `Debug`: it holds the ownership token.
 pub(crate) struct RunArgs {
     pub(crate) key: String,
     pub(crate) ttl: Duration,
