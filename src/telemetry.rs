@@ -65,14 +65,14 @@ pub(crate) fn lost(reason: LostReason) {
 /// A renewing lock (`hold`, `with_lock`, a leader's term) began.
 pub(crate) fn hold_started() {
     #[cfg(feature = "metrics")]
-    metrics::gauge!("volcano_locks_held").increment(1.0);
+    metrics::gauge!("volcano_lock_held").increment(1.0);
 }
 
 /// A renewing lock ended after `held` (released, dropped or lost).
 pub(crate) fn hold_ended(held: Duration) {
     #[cfg(feature = "metrics")]
     {
-        metrics::gauge!("volcano_locks_held").decrement(1.0);
+        metrics::gauge!("volcano_lock_held").decrement(1.0);
         metrics::histogram!("volcano_lock_hold_seconds").record(held.as_secs_f64());
     }
     #[cfg(not(feature = "metrics"))]

@@ -1,9 +1,12 @@
 //! The `metrics` feature: what the SDK records, read back from a debugging
 //! recorder. Its own test binary: the recorder is process-wide.
 
+mod common;
+
 use std::collections::HashMap;
 use std::time::Duration;
 
+use common::eventually;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use volcano::mock::{Fault, MockServer, Operation};
 use volcano::{Client, Error};
@@ -77,7 +80,7 @@ async fn acquires_renewals_losses_and_held_locks_are_recorded() {
 
     // An acquire, and one that finds the lock held.
     let held = locks.hold("ingest", Duration::from_secs(5)).await.unwrap();
-    assert_eq!(m.total("volcano_locks_held", &[]), 1.0);
+    assert_eq!(m.total("volcano_lock_held", &[]), 1.0);
     let err = locks
         .acquire("ingest", Duration::from_secs(5))
         .await
@@ -103,14 +106,10 @@ async fn acquires_renewals_losses_and_held_locks_are_recorded() {
     // Renewals: one answered 503 (retried), then renewed; then refused.
     server.inject(Fault::status(503).on(Operation::Renew).times(1));
     let renewals = "volcano_lock_renewals_total";
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-    while m.total(renewals, &[("outcome", "renewed")]) == 0.0 {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "no renewal recorded"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let renewed = eventually(Duration::from_secs(10), || {
+        m.total(renewals, &[("outcome", "renewed")]) > 0.0
+    });
+    assert!(renewed.await, "no renewal recorded");
     assert_eq!(m.total(renewals, &[("outcome", "retried")]), 1.0);
     server.inject(Fault::status(409).on(Operation::Renew));
     held.lost().await;
@@ -118,20 +117,22 @@ async fn acquires_renewals_losses_and_held_locks_are_recorded() {
     let losses = "volcano_lock_losses_total";
     assert_eq!(m.total(losses, &[("reason", "renewal_failed")]), 1.0);
     let _ = held.release().await;
-    assert_eq!(m.total("volcano_locks_held", &[]), 0.0);
+    assert_eq!(m.total("volcano_lock_held", &[]), 0.0);
     let held_for = m.samples("volcano_lock_hold_seconds", &[]);
     assert_eq!(held_for.len(), 1);
     assert!(held_for[0] > 1.0, "held across renewals: {held_for:?}");
 
     // with_lock counts as a held lock too, and an ordinary end is no loss.
     server.clear_faults();
+    let during = &mut m;
     locks
-        .with_lock("report", Duration::from_secs(5), |_guard| async {
+        .with_lock("report", Duration::from_secs(5), |_guard| async move {
+            assert_eq!(during.total("volcano_lock_held", &[]), 1.0, "while held");
             Ok::<_, Error>(())
         })
         .await
         .unwrap();
-    assert_eq!(m.total("volcano_locks_held", &[]), 0.0);
+    assert_eq!(m.total("volcano_lock_held", &[]), 0.0);
     assert_eq!(m.samples("volcano_lock_hold_seconds", &[]).len(), 2);
     assert_eq!(m.total(losses, &[("reason", "renewal_failed")]), 1.0);
     assert_eq!(m.total(acquires, &[("outcome", "acquired")]), 2.0);
