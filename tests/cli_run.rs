@@ -401,4 +401,37 @@ async fn a_signal_while_acquiring_with_a_callers_token_leaves_no_lease_behind() 
     assert_eq!(ended.code, Some(143), "{}", ended.stderr);
     assert!(ended.stderr.contains("not started"), "{}", ended.stderr);
     assert!(!live(&server, "report"), "the granted lease was released");
+    let released = server
+        .requests()
+        .iter()
+        .filter(|r| r.operation == Operation::Release && r.status == Some(204))
+        .count();
+    assert_eq!(released, 1, "released once, by run itself");
+}
+
+#[tokio::test]
+async fn a_command_killed_by_a_signal_exits_128_plus_its_number() {
+    let server = MockServer::start().await;
+    let child = volcano(
+        &server,
+        &[
+            "--output",
+            "json",
+            "locks",
+            "run",
+            "report",
+            "--",
+            "/bin/sh",
+            "-c",
+            "kill -KILL $$",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    let ended = ended(child).await;
+    assert_eq!(ended.code, Some(137), "{}", ended.stderr);
+    let summary = ended.summary();
+    assert_eq!(summary["signal"], 9, "{summary}");
+    assert_eq!(summary["lost"], false, "{summary}");
+    assert!(!live(&server, "report"), "released after the command died");
 }

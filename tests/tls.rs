@@ -270,6 +270,7 @@ async fn os_trust_store_and_standard_proxy_variables() {
     // The proxy reads each connection's first request line; the release
     // may reuse the acquire's connection.
     let lines = proxied.lock().unwrap().clone();
+    assert!(!lines.is_empty(), "the proxy saw nothing");
     assert!(
         lines[0].starts_with("POST http://volcano.test/")
             && lines[1..]

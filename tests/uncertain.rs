@@ -153,6 +153,54 @@ async fn with_lock_dropped_while_its_acquire_is_in_flight_releases_the_lease() {
 }
 
 #[tokio::test]
+async fn try_with_lock_dropped_while_its_acquire_is_in_flight_releases_the_lease() {
+    let server = MockServer::start().await;
+    let client = mock_client(&server);
+    answer_late(&server, Duration::from_secs(20));
+    let ran = Arc::new(AtomicBool::new(false));
+    let scope = tokio::spawn(
+        client
+            .locks()
+            .try_with_lock(KEY, TTL, {
+                let ran = ran.clone();
+                |_guard| async move {
+                    ran.store(true, Ordering::SeqCst);
+                    Ok::<_, Error>(())
+                }
+            })
+            .send(),
+    );
+    server
+        .wait_for(Operation::Acquire, 201, Duration::from_secs(10))
+        .await
+        .expect("the server applied the acquire");
+    scope.abort();
+    assert!(scope.await.unwrap_err().is_cancelled());
+
+    assert_eq!(client.shutdown(SHUTDOWN).await, Vec::<String>::new());
+    assert!(!held(&server, KEY), "{:?}", server.locks());
+    assert!(!ran.load(Ordering::SeqCst));
+}
+
+#[tokio::test]
+async fn a_hold_aborted_while_its_acquire_is_in_flight_releases_the_lease() {
+    let server = MockServer::start().await;
+    let client = mock_client(&server);
+    answer_late(&server, Duration::from_secs(20));
+    let hold = tokio::spawn(client.locks().hold(KEY, TTL).send());
+    server
+        .wait_for(Operation::Acquire, 201, Duration::from_secs(10))
+        .await
+        .expect("the server applied the acquire");
+    assert!(held(&server, KEY));
+    hold.abort();
+    assert!(hold.await.unwrap_err().is_cancelled());
+
+    assert_eq!(client.shutdown(SHUTDOWN).await, Vec::<String>::new());
+    assert!(!held(&server, KEY), "{:?}", server.locks());
+}
+
+#[tokio::test]
 async fn a_dropped_acquire_with_the_callers_token_is_left_for_the_caller_to_recover() {
     let server = MockServer::start().await;
     let client = mock_client(&server);
