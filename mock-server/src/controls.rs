@@ -18,9 +18,9 @@ use serde::Deserialize;
 use serde_json::json;
 
 use crate::clock::json_time;
-use crate::fault::Fault;
+use crate::fault::{Fault, InvalidFault};
 use crate::journal::RecordedRequest;
-use crate::request::{bad_request, read_body};
+use crate::request::{bad_request, read_body, Reject};
 use crate::state::LockSnapshot;
 use crate::Shared;
 
@@ -56,10 +56,13 @@ async fn limit_control_body(
 
 async fn add_fault(State(shared): State<Arc<Shared>>, body: Bytes) -> Response {
     match serde_json::from_slice::<Fault>(&body) {
-        Ok(fault) => {
-            shared.faults.push(fault);
-            StatusCode::CREATED.into_response()
-        }
+        Ok(fault) => match shared.faults.push(fault) {
+            Ok(()) => StatusCode::CREATED.into_response(),
+            Err(err @ InvalidFault::TooMany) => {
+                Reject::new(StatusCode::CONFLICT, err.to_string()).into_response()
+            }
+            Err(err) => bad_request(err.to_string()).into_response(),
+        },
         Err(err) => bad_request(format!("invalid fault: {err}")).into_response(),
     }
 }

@@ -190,31 +190,181 @@ pub(crate) struct Planned {
     pub(crate) action: Option<FaultKind>,
 }
 
-/// The injected faults, consumed in the order they were injected.
+/// Most faults pending at once; past it an inject is refused. A fault
+/// without `times` stays until reset, so a test (or a fuzzer) posting them
+/// in a loop would otherwise grow the server without bound.
+pub const MAX_FAULTS: usize = 1024;
+
+/// Why a fault was refused.
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum InvalidFault {
+    /// A status fault's status is not a final HTTP status.
+    Status(u16),
+    /// The fault's key is not a lock key, so no lock request could match it.
+    Key(String),
+    /// [`MAX_FAULTS`] faults are pending.
+    TooMany,
+}
+
+impl std::fmt::Display for InvalidFault {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            InvalidFault::Status(status) => write!(
+                f,
+                "fault status {status} is not a final HTTP status: use 200..=599"
+            ),
+            InvalidFault::Key(key) => write!(
+                f,
+                "fault key {key:?} can never match: lock keys match \
+                 ^[A-Za-z0-9][A-Za-z0-9._:-]{{0,127}}$"
+            ),
+            InvalidFault::TooMany => write!(
+                f,
+                "{MAX_FAULTS} faults are pending; clear them (DELETE /__mock/faults or \
+                 POST /__mock/reset) before injecting more"
+            ),
+        }
+    }
+}
+
+impl std::error::Error for InvalidFault {}
+
+impl Fault {
+    /// Checks that the fault can take effect as asked.
+    pub fn validate(&self) -> Result<(), InvalidFault> {
+        if let FaultKind::Status { status } = self.kind {
+            if !(200..=599).contains(&status) {
+                return Err(InvalidFault::Status(status));
+            }
+        }
+        match &self.key {
+            Some(key) if !crate::state::valid_key(key) => {
+                let mut shown: String = key.chars().take(140).collect();
+                if shown.len() < key.len() {
+                    shown.push_str("...");
+                }
+                Err(InvalidFault::Key(shown))
+            }
+            _ => Ok(()),
+        }
+    }
+}
+
+/// The injected faults, consumed in the order they were injected, indexed
+/// by operation and key: a request looks only at the faults that can apply
+/// to it (its operation's and `Any`'s, for its key and for every key).
 #[derive(Default)]
 pub(crate) struct Faults {
-    list: Mutex<Vec<Fault>>,
+    index: Mutex<Index>,
+}
+
+#[derive(Default)]
+struct Index {
+    /// Injection order.
+    next: u64,
+    len: usize,
+    /// One bucket per [`Operation`], `Any` included.
+    buckets: [Bucket; 6],
+}
+
+#[derive(Default)]
+struct Bucket {
+    every_key: Vec<Entry>,
+    by_key: std::collections::HashMap<String, Vec<Entry>>,
+}
+
+struct Entry {
+    seq: u64,
+    fault: Fault,
+}
+
+/// One of the four lists that can apply to a request: a bucket, and its
+/// every-key list (`false`) or its list for the request's key (`true`).
+type ListId = (usize, bool);
+
+fn bucket(op: Operation) -> usize {
+    match op {
+        Operation::Acquire => 0,
+        Operation::Renew => 1,
+        Operation::Release => 2,
+        Operation::Get => 3,
+        Operation::ForceRelease => 4,
+        Operation::Any => 5,
+    }
+}
+
+impl Index {
+    fn list(&mut self, (bucket, keyed): ListId, key: &str) -> Option<&mut Vec<Entry>> {
+        let bucket = &mut self.buckets[bucket];
+        if keyed {
+            bucket.by_key.get_mut(key)
+        } else {
+            Some(&mut bucket.every_key)
+        }
+    }
 }
 
 impl Faults {
-    pub(crate) fn push(&self, fault: Fault) {
-        self.lock().push(fault);
+    pub(crate) fn push(&self, fault: Fault) -> Result<(), InvalidFault> {
+        fault.validate()?;
+        let mut index = self.lock();
+        if index.len >= MAX_FAULTS {
+            return Err(InvalidFault::TooMany);
+        }
+        let seq = index.next;
+        index.next += 1;
+        index.len += 1;
+        let bucket = &mut index.buckets[bucket(fault.operation)];
+        let list = match &fault.key {
+            Some(key) => bucket.by_key.entry(key.clone()).or_default(),
+            None => &mut bucket.every_key,
+        };
+        list.push(Entry { seq, fault });
+        Ok(())
     }
 
     pub(crate) fn clear(&self) {
-        self.lock().clear();
+        *self.lock() = Index::default();
     }
 
     /// Takes what applies to this request: every matching delay and
     /// delay_response (each kind added up, saturating) and the first
     /// matching other fault; each use counts against `times`.
     pub(crate) fn plan(&self, op: Operation, key: &str) -> Planned {
-        let mut list = self.lock();
-        if list.is_empty() {
+        let mut index = self.lock();
+        if index.len == 0 {
             return Planned::default();
         }
+        let all: [ListId; 4] = [
+            (bucket(op), true),
+            (bucket(op), false),
+            (bucket(Operation::Any), true),
+            (bucket(Operation::Any), false),
+        ];
+        // A request always names its operation; `Any` would list twice.
+        let lists = if op == Operation::Any {
+            &all[2..]
+        } else {
+            &all[..]
+        };
+        // The candidates of these lists, in injection order.
+        let mut order = Vec::new();
+        for (n, &id) in lists.iter().enumerate() {
+            if let Some(list) = index.list(id, key) {
+                order.extend(list.iter().enumerate().map(|(i, e)| (e.seq, n, i)));
+            }
+        }
+        order.sort_unstable();
         let mut planned = Planned::default();
-        for fault in list.iter_mut().filter(|f| f.matches(op, key)) {
+        for (_, n, i) in order {
+            let Some(entry) = index.list(lists[n], key).and_then(|l| l.get_mut(i)) else {
+                continue;
+            };
+            let fault = &mut entry.fault;
+            if !fault.matches(op, key) {
+                continue;
+            }
             if let Some(every) = fault.every {
                 fault.seen = fault.seen.wrapping_add(1);
                 if fault.seen % every.max(1) != 0 {
@@ -239,12 +389,24 @@ impl Faults {
                 *n -= 1;
             }
         }
-        list.retain(|f| f.times != Some(0));
+        let mut removed = 0;
+        for &id in lists {
+            if let Some(list) = index.list(id, key) {
+                let before = list.len();
+                list.retain(|e| e.fault.times != Some(0));
+                removed += before - list.len();
+            }
+            let bucket = &mut index.buckets[id.0];
+            if id.1 && bucket.by_key.get(key).is_some_and(Vec::is_empty) {
+                bucket.by_key.remove(key);
+            }
+        }
+        index.len -= removed;
         planned
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Fault>> {
-        lock_unpoisoned(&self.list)
+    fn lock(&self) -> std::sync::MutexGuard<'_, Index> {
+        lock_unpoisoned(&self.index)
     }
 }
 
@@ -255,9 +417,13 @@ mod tests {
     #[test]
     fn faults_are_scoped_and_counted() {
         let faults = Faults::default();
-        faults.push(Fault::status(503).on(Operation::Renew).times(1));
-        faults.push(Fault::delay(Duration::from_millis(10)).times(2));
-        faults.push(Fault::reset().key("other"));
+        faults
+            .push(Fault::status(503).on(Operation::Renew).times(1))
+            .unwrap();
+        faults
+            .push(Fault::delay(Duration::from_millis(10)).times(2))
+            .unwrap();
+        faults.push(Fault::reset().key("other")).unwrap();
         let p = faults.plan(Operation::Acquire, "k");
         assert_eq!(
             p,
@@ -310,11 +476,17 @@ mod tests {
     #[test]
     fn delays_of_each_kind_add_up_beside_one_action() {
         let faults = Faults::default();
-        faults.push(Fault::delay_response(Duration::from_millis(100)).times(1));
-        faults.push(Fault::delay(Duration::from_millis(7)).times(1));
-        faults.push(Fault::delay_response(Duration::from_millis(20)).on(Operation::Get));
-        faults.push(Fault::status(503).times(1));
-        faults.push(Fault::drop_response());
+        faults
+            .push(Fault::delay_response(Duration::from_millis(100)).times(1))
+            .unwrap();
+        faults
+            .push(Fault::delay(Duration::from_millis(7)).times(1))
+            .unwrap();
+        faults
+            .push(Fault::delay_response(Duration::from_millis(20)).on(Operation::Get))
+            .unwrap();
+        faults.push(Fault::status(503).times(1)).unwrap();
+        faults.push(Fault::drop_response()).unwrap();
         assert_eq!(
             faults.plan(Operation::Get, "k"),
             Planned {
@@ -336,20 +508,73 @@ mod tests {
     #[test]
     fn huge_delays_saturate_instead_of_overflowing() {
         // Each is u64::MAX ms; a thousand and one of them pass Duration::MAX.
-        let faults = Faults::default();
-        for _ in 0..1_001 {
-            faults.push(Fault::delay(Duration::MAX));
-            faults.push(Fault::delay_response(Duration::MAX));
+        for fault in [
+            Fault::delay(Duration::MAX),
+            Fault::delay_response(Duration::MAX),
+        ] {
+            let faults = Faults::default();
+            for _ in 0..1_001 {
+                faults.push(fault.clone()).unwrap();
+            }
+            let planned = faults.plan(Operation::Acquire, "k");
+            assert_eq!(planned.delay.max(planned.delay_response), Duration::MAX);
         }
-        let planned = faults.plan(Operation::Acquire, "k");
-        assert_eq!(planned.delay, Duration::MAX);
-        assert_eq!(planned.delay_response, Duration::MAX);
+    }
+
+    #[test]
+    fn the_index_keeps_injection_order_across_operations_and_keys() {
+        let faults = Faults::default();
+        faults.push(Fault::status(500).key("k").times(1)).unwrap();
+        faults
+            .push(Fault::status(503).on(Operation::Get).times(1))
+            .unwrap();
+        faults
+            .push(Fault::status(429).on(Operation::Get).key("k").times(1))
+            .unwrap();
+        faults.push(Fault::status(502).times(1)).unwrap();
+        let action = |op, key| match faults.plan(op, key).action {
+            Some(FaultKind::Status { status }) => Some(status),
+            _ => None,
+        };
+        // Other keys see only the unkeyed faults, in order.
+        assert_eq!(action(Operation::Get, "other"), Some(503));
+        assert_eq!(action(Operation::Get, "other"), Some(502));
+        assert_eq!(action(Operation::Get, "other"), None);
+        // On "k", the oldest first: the Any fault for "k", then Get's.
+        assert_eq!(action(Operation::Get, "k"), Some(500));
+        assert_eq!(action(Operation::Get, "k"), Some(429));
+        assert_eq!(action(Operation::Get, "k"), None);
+        assert_eq!(faults.lock().len, 0, "used-up faults are gone");
+    }
+
+    #[test]
+    fn faults_that_cannot_take_effect_are_refused_and_the_count_is_bounded() {
+        let faults = Faults::default();
+        for status in [0, 42, 101, 199, 600] {
+            assert_eq!(
+                faults.push(Fault::status(status)),
+                Err(InvalidFault::Status(status))
+            );
+        }
+        assert!(faults.push(Fault::status(200)).is_ok());
+        assert!(matches!(
+            faults.push(Fault::reset().key("no spaces")),
+            Err(InvalidFault::Key(_))
+        ));
+        for _ in 1..MAX_FAULTS {
+            faults.push(Fault::reset().key("k")).unwrap();
+        }
+        assert_eq!(faults.push(Fault::reset()), Err(InvalidFault::TooMany));
+        faults.clear();
+        assert!(faults.push(Fault::reset()).is_ok());
     }
 
     #[test]
     fn every_nth_request() {
         let faults = Faults::default();
-        faults.push(Fault::status(503).on(Operation::Renew).every(4));
+        faults
+            .push(Fault::status(503).on(Operation::Renew).every(4))
+            .unwrap();
         let hits: Vec<bool> = (0..12)
             .map(|_| faults.plan(Operation::Renew, "k").action.is_some())
             .collect();

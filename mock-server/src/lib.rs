@@ -34,7 +34,9 @@
 //! The same controls are served over HTTP under `/__mock/` (no credential):
 //! `POST /__mock/faults` (a [`Fault`] as JSON, e.g.
 //! `{"kind":"status","status":503,"operation":"acquire","times":1}` or
-//! `{"kind":"delay_response","ms":1500,"operation":"renew","times":1}`),
+//! `{"kind":"delay_response","ms":1500,"operation":"renew","times":1}`;
+//! 201; 400 for a status outside 200..=599 or a key no lock request can
+//! have; 409 once [`MAX_FAULTS`] are pending),
 //! `DELETE /__mock/faults`, `POST /__mock/advance` (`{"seconds": 31}`; 400
 //! for a negative or invalid number, or one past the clock's limit),
 //! `GET /__mock/requests`, `GET /__mock/locks`, `POST /__mock/reset`.
@@ -60,7 +62,7 @@ use tokio::sync::watch;
 pub use builder::{MockServerBuilder, DEFAULT_ANON_KEY, DEFAULT_SERVICE_KEY};
 pub use clock::ClockRangeError;
 pub use conn::HEADER_READ_TIMEOUT;
-pub use fault::{Fault, FaultKind, Operation};
+pub use fault::{Fault, FaultKind, InvalidFault, Operation, MAX_FAULTS};
 pub use journal::{RecordedRequest, MAX_JOURNAL};
 pub use request::MAX_BODY;
 pub use state::LockSnapshot;
@@ -166,8 +168,32 @@ impl MockServer {
     }
 
     /// Adds a fault; faults apply in the order they were injected.
+    ///
+    /// # Panics
+    ///
+    /// When the fault is refused (see [`MockServer::try_inject`]): a status
+    /// outside 200..=599, a key no lock request can have, or
+    /// [`MAX_FAULTS`] faults already pending. A test that injects such a
+    /// fault would otherwise test nothing.
     pub fn inject(&self, fault: Fault) {
-        self.shared.faults.push(fault);
+        if let Err(err) = self.try_inject(fault) {
+            panic!("MockServer::inject: {err}");
+        }
+    }
+
+    /// Adds a fault, or says why it cannot take effect; nothing is added
+    /// then.
+    ///
+    /// ```
+    /// # async fn demo() {
+    /// use volcano_mock_server::{Fault, InvalidFault, MockServer};
+    /// let server = MockServer::start().await;
+    /// let refused = server.try_inject(Fault::status(101));
+    /// assert_eq!(refused, Err(InvalidFault::Status(101)));
+    /// # }
+    /// ```
+    pub fn try_inject(&self, fault: Fault) -> Result<(), InvalidFault> {
+        self.shared.faults.push(fault)
     }
 
     /// Removes every injected fault.

@@ -32,6 +32,7 @@ use uuid::Uuid;
 use crate::builder::Config;
 use crate::clock::http_date;
 use crate::fault::Operation;
+use crate::state::valid_key;
 use crate::{controls, lock_api, Shared};
 
 /// Largest request body read, on every route (lock calls and controls);
@@ -231,20 +232,6 @@ pub(crate) async fn validate(
         None
     };
     Ok(Prepared { token, ttl })
-}
-
-fn valid_key(key: &str) -> bool {
-    let bytes = key.as_bytes();
-    match bytes.split_first() {
-        Some((first, rest)) => {
-            bytes.len() <= 128
-                && first.is_ascii_alphanumeric()
-                && rest
-                    .iter()
-                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
-        }
-        None => false,
-    }
 }
 
 /// A header that must be a hyphenated UUID.

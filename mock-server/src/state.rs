@@ -251,6 +251,21 @@ fn grant(lease: &Lease) -> Grant {
     }
 }
 
+/// A lock key as the protocol allows it: `^[A-Za-z0-9][A-Za-z0-9._:-]{0,127}$`.
+pub(crate) fn valid_key(key: &str) -> bool {
+    let bytes = key.as_bytes();
+    match bytes.split_first() {
+        Some((first, rest)) => {
+            bytes.len() <= 128
+                && first.is_ascii_alphanumeric()
+                && rest
+                    .iter()
+                    .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b':' | b'-'))
+        }
+        None => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -258,3 +258,68 @@ async fn chunked_bodies_over_the_limit_get_400_on_routes_that_ignore_them() {
     }
     get_ok(&server).await;
 }
+
+/// Faults posted in a loop (never matched, never used up) are bounded: past
+/// `MAX_FAULTS` a post gets a 409 that says what to do, memory stays flat,
+/// and a lock request is still served at once. Statuses that are not final
+/// HTTP statuses, and keys no lock request can have, are refused with 400.
+#[tokio::test]
+async fn faults_are_bounded_and_invalid_ones_refused() {
+    use volcano_mock_server::{Fault, InvalidFault, MAX_FAULTS};
+    let server = MockServer::start().await;
+    let http = reqwest::Client::new();
+    let faults = format!("{}/__mock/faults", server.url());
+    let post = |body: String| http.post(&faults).body(body).send();
+    for status in [0, 42, 100, 101, 199, 600, 65535] {
+        let body = format!(r#"{{"kind":"status","status":{status}}}"#);
+        let answer = post(body).await.unwrap();
+        assert_eq!(answer.status(), 400, "status {status}");
+        let text = answer.text().await.unwrap();
+        assert!(text.contains("200..=599"), "{text}");
+    }
+    let long_key = "k".repeat(60_000);
+    for key in ["", "bad key", "-leading", long_key.as_str()] {
+        let body = serde_json::json!({"kind": "reset", "key": key}).to_string();
+        let answer = post(body).await.unwrap();
+        assert_eq!(answer.status(), 400, "key {:.20}", key);
+        let text = answer.text().await.unwrap();
+        assert!(text.len() < 1_000, "the answer quotes a bounded key");
+    }
+    assert_eq!(
+        server.try_inject(Fault::status(101)),
+        Err(InvalidFault::Status(101))
+    );
+
+    let before = rss_kib();
+    let mut refused = 0;
+    for i in 0..3_000 {
+        let key = format!("never-{i}-{}", "x".repeat(100));
+        let body = format!(r#"{{"kind":"status","status":503,"key":"{key}"}}"#);
+        let answer = post(body).await.unwrap();
+        match answer.status().as_u16() {
+            201 => assert!(i < MAX_FAULTS, "accepted past the limit"),
+            409 => {
+                refused += 1;
+                let text = answer.text().await.unwrap();
+                assert!(text.contains("/__mock/reset"), "{text}");
+            }
+            other => panic!("status {other}"),
+        }
+    }
+    assert_eq!(refused, 3_000 - MAX_FAULTS);
+    assert_eq!(
+        server.try_inject(Fault::status(503)),
+        Err(InvalidFault::TooMany)
+    );
+    let grown = rss_kib().saturating_sub(before);
+    eprintln!("RSS grew {grown} KiB for {MAX_FAULTS} pending faults");
+    assert!(grown < 16 * 1024, "grew {grown} KiB");
+    assert!(get_ok(&server).await < Duration::from_secs(1));
+    // Cleared, faults are accepted again.
+    let cleared = http.delete(&faults).send().await.unwrap();
+    assert_eq!(cleared.status(), 204);
+    assert_eq!(
+        post(r#"{"kind":"reset"}"#.into()).await.unwrap().status(),
+        201
+    );
+}
