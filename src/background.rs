@@ -1,7 +1,10 @@
 //! The releases a client runs in the background (cancelled scopes, final
 //! releases still being retried, undone acquires): a registry by key and
 //! token, so that `Client::shutdown` can wait for them and an acquire with
-//! the same token can stop them first.
+//! the same token can stop them first. A release that ended without
+//! freeing its lease (refused, given up, or dropped with its runtime) is
+//! remembered for as long as that lease may be live, so that `shutdown`
+//! reports it instead of saying all is well.
 
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -9,6 +12,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tokio::sync::watch;
+use tokio::time::Instant;
 
 /// The releases a client runs in the background.
 #[derive(Default)]
@@ -17,6 +21,26 @@ pub(crate) struct Background {
     running: Mutex<HashMap<u64, Running>>,
     /// How many are running; `shutdown` waits for zero.
     count: watch::Sender<usize>,
+    /// Background releases that ended without freeing the lease: key,
+    /// token (never logged), and the time after which that lease can no
+    /// longer be live.
+    unreleased: Mutex<Vec<Unreleased>>,
+}
+
+struct Unreleased {
+    key: String,
+    token: String,
+    live_until: Instant,
+}
+
+/// How a background release ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Settled {
+    /// The lease is not held by this token any more: released, never
+    /// granted, or another token's now.
+    Freed,
+    /// The lease may still be live (the release was refused or gave up).
+    MayBeHeld,
 }
 
 /// One background release, as the registry sees it.
@@ -29,10 +53,13 @@ struct Running {
 }
 
 impl Background {
+    /// Registers a release of `key`/`token`, whose lease may be live for
+    /// `live_for` more.
     pub(crate) fn register(
         self: &Arc<Self>,
         key: &str,
         token: &str,
+        live_for: Duration,
     ) -> (Pending, watch::Receiver<bool>) {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (superseded, superseded_rx) = watch::channel(false);
@@ -50,12 +77,21 @@ impl Background {
         let pending = Pending {
             background: self.clone(),
             id,
+            key: key.to_owned(),
+            token: token.to_owned(),
+            live_until: Instant::now().checked_add(live_for),
+            settled: None,
             finished,
         };
         (pending, superseded_rx)
     }
 
+    /// Stops the releases of `key`/`token` (an acquire with that token is
+    /// about to recover the lease) and forgets that such a release failed:
+    /// the lease is the acquire's again. Returns their finish signals.
     pub(crate) fn supersede(&self, key: &str, token: &str) -> Vec<watch::Receiver<bool>> {
+        self.lock_unreleased()
+            .retain(|u| !(u.key == key && u.token.eq_ignore_ascii_case(token)));
         let running = self.lock();
         running
             .values()
@@ -67,29 +103,96 @@ impl Background {
             .collect()
     }
 
+    /// The finish signals of the releases of `key`/`token` running now,
+    /// without stopping them.
+    pub(crate) fn running(&self, key: &str, token: &str) -> Vec<watch::Receiver<bool>> {
+        self.lock()
+            .values()
+            .filter(|r| r.key == key && r.token.eq_ignore_ascii_case(token))
+            .map(|r| r.finished.clone())
+            .collect()
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Running>> {
         self.running.lock().unwrap_or_else(|p| p.into_inner())
     }
 
+    fn lock_unreleased(&self) -> std::sync::MutexGuard<'_, Vec<Unreleased>> {
+        self.unreleased.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Remembers that the lease of `key`/`token` may stay live until
+    /// `live_until` (`None`: too far ahead to represent; a day, then).
+    pub(crate) fn unreleased(&self, key: &str, token: &str, live_until: Option<Instant>) {
+        let now = Instant::now();
+        let live_until = live_until.unwrap_or(now + Duration::from_secs(86_400));
+        let mut unreleased = self.lock_unreleased();
+        unreleased.retain(|u| u.live_until > now);
+        unreleased.push(Unreleased {
+            key: key.to_owned(),
+            token: token.to_owned(),
+            live_until,
+        });
+    }
+
+    /// Waits up to `timeout` for every running release, then names the
+    /// keys that may still be held: releases still running, and releases
+    /// that ended without freeing a lease that may still be live.
     pub(crate) async fn wait_idle(&self, timeout: Duration) -> Vec<String> {
         let mut count = self.count.subscribe();
         let _ = tokio::time::timeout(timeout, count.wait_for(|n| *n == 0)).await;
         let mut keys: Vec<String> = self.lock().values().map(|r| r.key.clone()).collect();
+        let now = Instant::now();
+        keys.extend(
+            self.lock_unreleased()
+                .iter()
+                .filter(|u| u.live_until > now)
+                .map(|u| u.key.clone()),
+        );
         keys.sort();
+        keys.dedup();
         keys
     }
 }
 
-/// One background release; finished (or dropped with its runtime) when
-/// this is dropped.
+/// One background release, finished when this is dropped. Dropped without
+/// [`Pending::settle`] (its task dropped with a runtime shutting down), it
+/// says so and counts the lease as possibly held.
 pub(crate) struct Pending {
     background: Arc<Background>,
     id: u64,
+    key: String,
+    token: String,
+    live_until: Option<Instant>,
+    settled: Option<Settled>,
     finished: watch::Sender<bool>,
+}
+
+impl Pending {
+    /// Records how the release ended.
+    pub(crate) fn settle(mut self, settled: Settled) {
+        self.settled = Some(settled);
+    }
 }
 
 impl Drop for Pending {
     fn drop(&mut self) {
+        match self.settled {
+            Some(Settled::Freed) => {}
+            Some(Settled::MayBeHeld) => {
+                self.background
+                    .unreleased(&self.key, &self.token, self.live_until)
+            }
+            None => {
+                tracing::warn!(
+                    key = %self.key,
+                    "background release dropped before it finished (its runtime is shutting \
+                     down?); the lease expires at its ttl"
+                );
+                self.background
+                    .unreleased(&self.key, &self.token, self.live_until);
+            }
+        }
         self.background.lock().remove(&self.id);
         self.finished.send_replace(true);
         self.background.count.send_modify(|n| *n -= 1);

@@ -9,7 +9,7 @@ use std::time::Duration;
 use reqwest::header::HeaderValue;
 use tokio::sync::watch;
 
-use crate::background::Background;
+use crate::background::{Background, Settled};
 use crate::error::{Error, Result};
 use crate::locks::{BoxFuture, LeaseClock, Locks};
 use crate::transport::{Route, Transport};
@@ -168,9 +168,13 @@ impl Client {
     /// Waits, up to `timeout`, for every release this client has handed to
     /// the background: leases of dropped guards and cancelled `with_lock`
     /// scopes, and acquires whose outcome was unknown and are being undone.
-    /// Returns the keys whose release had not finished by then (empty when
-    /// everything finished). It only waits: the client stays usable, and a
-    /// timeout of `Duration::MAX` waits as long as it takes.
+    /// Returns the keys that may still be held by a lease this client let
+    /// go of (empty when every such lease is known to be free): releases
+    /// that had not finished by then, and releases that ended without
+    /// freeing a lease that may still be live (refused, say with `403`
+    /// after a rotated key, or dropped with a runtime that was shutting
+    /// down). It only waits: the client stays usable, and a timeout of
+    /// `Duration::MAX` waits as long as it takes.
     ///
     /// Call it before a process exits (on SIGTERM, at the end of `main`):
     /// a release still running when the runtime stops is lost, and the next
@@ -190,24 +194,33 @@ impl Client {
     }
 
     /// Runs the release of `key`/`token` in the background (on the current
-    /// tokio runtime), so that [`Client::shutdown`] can wait for it. The
-    /// release gets a receiver that turns `true` when an acquire with the
-    /// same token supersedes it. Without a runtime nothing runs, and the
-    /// warning says which key stays held until its ttl.
-    pub(crate) fn spawn_release<F>(&self, key: &str, token: &str, release: F)
+    /// tokio runtime), so that [`Client::shutdown`] can wait for it; its
+    /// lease may be live for `live_for` more. The release gets a receiver
+    /// that turns `true` when an acquire with the same token supersedes it,
+    /// and says how it ended. Without a runtime nothing runs: the warning
+    /// says which key stays held until its ttl, and `shutdown` reports it.
+    pub(crate) fn spawn_release<F>(&self, key: &str, token: &str, live_for: Duration, release: F)
     where
-        F: FnOnce(watch::Receiver<bool>) -> BoxFuture<()>,
+        F: FnOnce(watch::Receiver<bool>) -> BoxFuture<Settled>,
     {
+        let background = &self.inner.background;
         let Ok(runtime) = tokio::runtime::Handle::try_current() else {
             tracing::warn!(key, "no tokio runtime: lease left to expire");
+            background.unreleased(
+                key,
+                token,
+                tokio::time::Instant::now().checked_add(live_for),
+            );
             return;
         };
-        let (pending, superseded) = self.inner.background.register(key, token);
+        let (pending, superseded) = background.register(key, token, live_for);
         let release = release(superseded);
         // In the caller's span (a hold's, say): its fields stay on the logs.
+        // A runtime shutting down drops the task unrun: `pending` then
+        // reports that.
         runtime.spawn(tracing::Instrument::in_current_span(async move {
-            release.await;
-            drop(pending);
+            let settled = release.await;
+            pending.settle(settled);
         }));
     }
 
@@ -219,6 +232,28 @@ impl Client {
         for mut finished in self.inner.background.supersede(key, token) {
             let _ = finished.wait_for(|done| *done).await;
         }
+    }
+
+    /// Waits, up to `timeout`, for the background releases of `key` under
+    /// any of `tokens` that are running now (a leader stepping down waits
+    /// for its campaigns'); false if some had not finished by then.
+    pub(crate) async fn await_releases(
+        &self,
+        key: &str,
+        tokens: &[String],
+        timeout: Duration,
+    ) -> bool {
+        let running: Vec<_> = tokens
+            .iter()
+            .flat_map(|token| self.inner.background.running(key, token))
+            .collect();
+        tokio::time::timeout(timeout, async {
+            for mut finished in running {
+                let _ = finished.wait_for(|done| *done).await;
+            }
+        })
+        .await
+        .is_ok()
     }
 
     pub(crate) fn transport(&self) -> &Transport {

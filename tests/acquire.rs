@@ -36,7 +36,7 @@ fn assert_identical(requests: &[wiremock::Request]) -> String {
 }
 
 async fn retry_then_succeed(first: ResponseTemplate, caller_ids: bool) {
-    let server = server().await;
+    let server = releasing_server().await;
     Mock::given(method("POST"))
         .and(path("/locks/daily-report/lease"))
         .respond_with(first)
@@ -91,6 +91,18 @@ async fn a_503_then_success_retries_with_identical_request() {
     retry_then_succeed(unavailable, true).await;
 }
 
+/// A wiremock server that also answers releases with `204`, as the service
+/// answers the release of a lease that was never granted: an acquire being
+/// undone then ends known to be free.
+async fn releasing_server() -> wiremock::MockServer {
+    let server = server().await;
+    Mock::given(method("DELETE"))
+        .respond_with(ResponseTemplate::new(204))
+        .mount(&server)
+        .await;
+    server
+}
+
 /// Waits for the client's background releases, then checks that exactly
 /// one release (with the acquire's token) was sent if `undone`, else none.
 async fn assert_undone_if(client: &volcano::Client, server: &wiremock::MockServer, undone: bool) {
@@ -113,7 +125,7 @@ async fn assert_undone_if(client: &volcano::Client, server: &wiremock::MockServe
 #[tokio::test]
 async fn other_statuses_are_not_retried() {
     for status in [400u16, 401, 403, 404, 409, 429, 500, 502, 504] {
-        let server = server().await;
+        let server = releasing_server().await;
         Mock::given(method("POST"))
             .respond_with(error_body(status, "no", None))
             .expect(1)
@@ -136,7 +148,7 @@ async fn other_statuses_are_not_retried() {
 /// Protocol scenario 5.
 #[tokio::test]
 async fn a_503_twice_gives_up_after_two_attempts() {
-    let server = server().await;
+    let server = releasing_server().await;
     Mock::given(method("POST"))
         .respond_with(error_body(
             503,
@@ -181,7 +193,7 @@ async fn two_dropped_connections_give_transport_error_after_two_identical_reques
 /// Protocol scenario 7.
 #[tokio::test]
 async fn bad_token_or_request_id_sends_nothing() {
-    let server = server().await;
+    let server = releasing_server().await;
     let locks = client(&server.uri()).locks();
     for bad in ["", "not-a-uuid", "123e4567e89b12d3a456426614174000"] {
         let err = locks.acquire("k", TTL).token(bad).await.unwrap_err();
@@ -200,7 +212,7 @@ async fn bad_token_or_request_id_sends_nothing() {
 
 #[tokio::test]
 async fn bad_ttl_or_key_sends_nothing() {
-    let server = server().await;
+    let server = releasing_server().await;
     let locks = client(&server.uri()).locks();
     for ttl in [
         Duration::from_secs(4),
@@ -225,7 +237,7 @@ async fn bad_ttl_or_key_sends_nothing() {
 
 #[tokio::test]
 async fn ttl_bounds_are_accepted() {
-    let server = server().await;
+    let server = releasing_server().await;
     Mock::given(method("POST"))
         .respond_with(lease_body(201, 1))
         .expect(2)
@@ -254,7 +266,7 @@ async fn ttl_bounds_are_accepted() {
 /// Protocol scenario 18.
 #[tokio::test]
 async fn null_body_is_retried_then_reported() {
-    let server = server().await;
+    let server = releasing_server().await;
     Mock::given(method("POST"))
         .respond_with(ResponseTemplate::new(201).set_body_string("null"))
         .expect(2)
@@ -283,7 +295,7 @@ async fn missing_fields_are_not_retried() {
             InvalidReason::Expiry,
         ),
     ] {
-        let server = server().await;
+        let server = releasing_server().await;
         Mock::given(method("POST"))
             .respond_with(ResponseTemplate::new(201).set_body_json(body))
             .expect(1)
@@ -302,7 +314,7 @@ async fn missing_fields_are_not_retried() {
 
 #[tokio::test]
 async fn a_200_instead_of_201_is_an_unexpected_status() {
-    let server = server().await;
+    let server = releasing_server().await;
     Mock::given(method("POST"))
         .respond_with(lease_body(200, 1))
         .expect(1)
@@ -317,7 +329,7 @@ async fn a_200_instead_of_201_is_an_unexpected_status() {
 
 #[tokio::test]
 async fn uppercase_caller_token_is_kept_in_the_lease() {
-    let server = server().await;
+    let server = releasing_server().await;
     Mock::given(method("POST"))
         .respond_with(lease_body(201, 1))
         .mount(&server)

@@ -212,3 +212,90 @@ async fn a_clock_jump_during_a_hanging_renewal_announces_the_loss_before_its_tim
     assert!(client.shutdown(Duration::from_secs(5)).await.is_empty());
     assert_eq!(held_on_server(&server), None);
 }
+
+/// A dropped lock whose background release is refused definitively (403,
+/// say after the service key was rotated) is still held: `shutdown` says
+/// so instead of reporting that all is well.
+#[tokio::test]
+async fn shutdown_reports_a_dropped_lock_whose_release_was_refused() {
+    let server = MockServer::start().await;
+    let client = mock_client(&server);
+    let token = uuid::Uuid::new_v4().to_string();
+    let held = client.locks().hold(KEY, TTL).token(&token).await.unwrap();
+    server.inject(Fault::status(403).on(Operation::Release));
+    drop(held);
+    assert_eq!(
+        client.shutdown(Duration::from_secs(5)).await,
+        vec![KEY.to_owned()]
+    );
+    assert!(
+        held_on_server(&server).is_some(),
+        "the lease is indeed live"
+    );
+    // Asked again, the answer is the same while that lease may be live.
+    assert_eq!(client.shutdown(Duration::ZERO).await, vec![KEY.to_owned()]);
+    // Recovered with its token, the lease is the caller's again: no longer
+    // reported, and released by the caller.
+    server.clear_faults();
+    let lease = client
+        .locks()
+        .acquire(KEY, TTL)
+        .token(&token)
+        .await
+        .unwrap();
+    assert!(client.shutdown(Duration::ZERO).await.is_empty());
+    client.locks().release(&lease).await.unwrap();
+    assert!(held_on_server(&server).is_none());
+}
+
+/// A release handed to a runtime that is shutting down never runs: it is
+/// reported (a warning, and by `shutdown`), not dropped silently.
+#[test]
+fn a_release_dropped_with_its_runtime_is_reported() {
+    let host = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()
+        .unwrap();
+    let server = host.block_on(MockServer::start());
+    let client = mock_client(&server);
+    let (captured, _default) = Captured::install(tracing::Level::WARN);
+    let doomed = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let held = doomed.block_on(client.locks().hold(KEY, TTL).into_future());
+    let held = held.unwrap();
+    // The lock lives in a task; the runtime's shutdown drops that task,
+    // whose drop hands the release to the same, closing runtime.
+    doomed.spawn(async move {
+        let _held = held;
+        std::future::pending::<()>().await
+    });
+    drop(doomed);
+    let warned = captured.lines("dropped before it finished");
+    assert_eq!(warned.len(), 1, "{:?}", captured.lines(""));
+    let left = host.block_on(client.shutdown(Duration::from_secs(1)));
+    assert_eq!(left, vec![KEY.to_owned()]);
+    assert!(
+        held_on_server(&server).is_some(),
+        "left to its ttl, as reported"
+    );
+}
+
+/// A lock dropped after its local deadline passed (no task ran to see it)
+/// ended by expiry: the server may keep that lease a whole ttl, and the
+/// guard's clones say `Expired`, not `Released`.
+#[tokio::test]
+async fn a_held_lock_dropped_after_its_deadline_reports_the_expiry() {
+    let server = MockServer::start().await;
+    let clock = LeaseClock::adjustable();
+    let client = client_on(&server, &clock);
+    let held = client.locks().hold(KEY, TTL).await.unwrap();
+    let guard = volcano::LockGuard::clone(&held);
+    // No await between the jump and the drop: the renewal task cannot run.
+    clock.advance(TTL + Duration::from_secs(1));
+    drop(held);
+    assert_eq!(guard.failure().unwrap().reason(), LostReason::Expired);
+    assert!(client.shutdown(Duration::from_secs(5)).await.is_empty());
+}

@@ -405,23 +405,35 @@ struct Frozen {
 /// A stall waiting to happen: taken by the candidate's term if it leads
 /// (which then looks at the server and at its belief first thing after
 /// thawing, before anything else of the candidate can run), else by a
-/// task of its own.
-type Stall = Arc<Mutex<Option<Duration>>>;
+/// task of its own. `pending` counts stalls asked for and not yet over.
+#[derive(Clone, Default)]
+struct Stall {
+    next: Arc<Mutex<Option<Duration>>>,
+    pending: Arc<AtomicUsize>,
+}
 
 /// Blocks the only worker, if a stall is waiting: nothing else of this
 /// candidate runs meanwhile.
 fn take_stall(stall: &Stall) -> bool {
-    let by = stall.lock().unwrap().take();
+    let by = stall.next.lock().unwrap().take();
     if let Some(by) = by {
         std::thread::sleep(by);
+        stall.pending.fetch_sub(1, Ordering::SeqCst);
     }
     by.is_some()
 }
 
 impl Frozen {
+    /// Stalled now, or about to be.
+    fn stalled(&self) -> bool {
+        self.runtime.is_some() && self.stall.pending.load(Ordering::SeqCst) > 0
+    }
+
     fn stall(&self, by: Duration) {
         if let Some(runtime) = &self.runtime {
-            *self.stall.lock().unwrap() = Some(by);
+            if self.stall.next.lock().unwrap().replace(by).is_none() {
+                self.stall.pending.fetch_add(1, Ordering::SeqCst);
+            }
             let stall = self.stall.clone();
             runtime.spawn(async move {
                 // A leading term takes it within 20 ms.
@@ -625,9 +637,26 @@ async fn candidates_stalled_suspended_and_killed_at_random_never_lead_together()
             _ => {}
         }
     }
+    // Stop once no candidate is stalled and the lease on the server is a
+    // live candidate's term: that leader must then release it, while it is
+    // still live (not leave it to expire, which the server would show as
+    // free all the same).
+    let led_by_the_living = || {
+        let granted = server
+            .locks()
+            .into_iter()
+            .find(|l| l.key == key && l.live)
+            .map(|l| l.fencing_token);
+        let ledger = ledger.fences.lock().unwrap();
+        let leader = ledger.iter().rev().find(|(_, f)| Some(*f) == granted);
+        candidates.iter().all(|c| !c.stalled()) && leader.is_some_and(|(id, _)| ids.contains(id))
+    };
+    let settled = eventually(Duration::from_secs(30), led_by_the_living).await;
+    assert!(settled, "seed {seed}: no live, unstalled leader to stop");
+    let stopped_at = server.now();
     stop_tx.send(true).unwrap();
-    // Every live candidate steps down (a stalled one once it thaws).
-    let stepped_down = eventually(Duration::from_secs(20), || !server_holds(&server, &key)).await;
+    let released_live = || released_while_live(&server, &key, stopped_at);
+    let stepped_down = eventually(Duration::from_secs(10), released_live).await;
     for candidate in &mut candidates {
         candidate.kill();
     }
@@ -655,7 +684,12 @@ async fn candidates_stalled_suspended_and_killed_at_random_never_lead_together()
     );
     assert!(
         stepped_down,
-        "seed {seed}: the last leader released on stopping"
+        "seed {seed}: the last leader did not release its live lease on stopping: {:?}",
+        server
+            .requests()
+            .iter()
+            .filter(|r| r.at >= stopped_at)
+            .collect::<Vec<_>>()
     );
     println!(
         "frozen: {} terms over {stalls} stalls ({stale_thaws} leaders thawed into another's term), \
@@ -664,6 +698,209 @@ async fn candidates_stalled_suspended_and_killed_at_random_never_lead_together()
     );
 }
 
-fn server_holds(server: &MockServer, key: &str) -> bool {
-    server.locks().iter().any(|l| l.key == key && l.live)
+/// Whether the journal shows `key` released after `since` while its lease
+/// was still live: a `204` release before the expiry of the latest grant
+/// (acquire or renew) that preceded it. A release after the lease ran out
+/// (or none) does not count.
+fn released_while_live(
+    server: &MockServer,
+    key: &str,
+    since: chrono::DateTime<chrono::Utc>,
+) -> bool {
+    use volcano_mock_server::Operation;
+    let journal = server.requests();
+    let mut live_until = None;
+    for entry in journal.iter().filter(|r| r.key == key) {
+        match entry.operation {
+            Operation::Acquire | Operation::Renew if entry.expires_at.is_some() => {
+                live_until = entry.expires_at;
+            }
+            Operation::Release if entry.at >= since && entry.status == Some(204) => {
+                return live_until.is_some_and(|until| entry.at < until);
+            }
+            _ => {}
+        }
+    }
+    false
+}
+
+/// A candidate that steps down while its campaign's acquire was applied
+/// but not answered: the SDK generated that token, so the acquire is
+/// undone, and `run` returns only once that release has finished.
+#[tokio::test]
+async fn stepping_down_with_the_campaign_acquire_unanswered_releases_it_before_returning() {
+    use volcano_mock_server::{Fault, Operation};
+    let server = MockServer::start().await;
+    let client = mock_client(&server);
+    server.inject(
+        Fault::delay_response(Duration::from_secs(20))
+            .on(Operation::Acquire)
+            .times(1),
+    );
+    // The release takes a moment: `run` must wait for it, not hand it off.
+    server.inject(
+        Fault::delay(Duration::from_millis(300))
+            .on(Operation::Release)
+            .times(1),
+    );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(
+        client
+            .locks()
+            .leader(KEY, TTL)
+            .until(async {
+                let _ = stopped.await;
+            })
+            .run(|_term| async { std::future::pending::<Result<(), Error>>().await }),
+    );
+    let applied = server.wait_for(Operation::Acquire, 201, Duration::from_secs(5));
+    assert!(
+        applied.await.is_some(),
+        "the campaign's acquire was applied"
+    );
+    assert!(held_on_server(&server));
+    stop.send(()).unwrap();
+    run.await.unwrap().unwrap();
+    assert!(
+        !held_on_server(&server),
+        "run returned with the campaign's lease still held"
+    );
+    assert_eq!(
+        client.shutdown(Duration::from_secs(5)).await,
+        Vec::<String>::new()
+    );
+}
+
+/// The same acquire, with the task running `run` aborted: the undo goes to
+/// the client's background releases, which `shutdown` waits for.
+#[tokio::test]
+async fn an_aborted_campaign_with_its_acquire_unanswered_is_released_through_the_client() {
+    use volcano_mock_server::{Fault, Operation};
+    let server = MockServer::start().await;
+    let client = mock_client(&server);
+    server.inject(
+        Fault::delay_response(Duration::from_secs(20))
+            .on(Operation::Acquire)
+            .times(1),
+    );
+    let run = tokio::spawn(
+        client
+            .locks()
+            .leader(KEY, TTL)
+            .run(|_term| async { std::future::pending::<Result<(), Error>>().await }),
+    );
+    let applied = server.wait_for(Operation::Acquire, 201, Duration::from_secs(5));
+    assert!(
+        applied.await.is_some(),
+        "the campaign's acquire was applied"
+    );
+    run.abort();
+    assert!(run.await.unwrap_err().is_cancelled());
+    assert_eq!(
+        client.shutdown(Duration::from_secs(5)).await,
+        Vec::<String>::new()
+    );
+    assert!(!held_on_server(&server), "released, not left for the ttl");
+}
+
+/// A campaign acquire answered 500 may have been applied: `run` returns
+/// the error, and only after releasing with the campaign's token.
+#[tokio::test]
+async fn a_campaign_acquire_answered_500_is_released_before_run_returns() {
+    use wiremock::matchers::method;
+    use wiremock::{Mock, ResponseTemplate};
+    let wire = server().await;
+    Mock::given(method("POST"))
+        .respond_with(error_body(500, "boom", None))
+        .mount(&wire)
+        .await;
+    Mock::given(method("DELETE"))
+        .respond_with(ResponseTemplate::new(204))
+        .expect(1)
+        .mount(&wire)
+        .await;
+    let client = client(&wire.uri());
+    let err = client
+        .locks()
+        .leader(KEY, TTL)
+        .run(|_term| async { Ok::<(), Error>(()) })
+        .await
+        .unwrap_err();
+    assert_eq!(err.status(), Some(500), "{err:?}");
+    let requests = received(&wire).await;
+    let token = |verb: &str| {
+        requests
+            .iter()
+            .find(|r| r.method.as_str() == verb)
+            .and_then(|r| header(r, "x-volcano-lock-token"))
+            .map(str::to_owned)
+    };
+    assert!(token("DELETE").is_some(), "no release sent: {requests:?}");
+    assert_eq!(
+        token("DELETE"),
+        token("POST"),
+        "released the campaign's token"
+    );
+}
+
+/// `until` fires during the renewal that runs before the first term (the
+/// acquire took so long that no safe window was left): `run` returns only
+/// after releasing the lease that renewal may have extended.
+#[tokio::test]
+async fn stepping_down_during_the_renewal_before_the_first_term_releases_before_returning() {
+    use volcano_mock_server::{Fault, Operation};
+    let server = MockServer::start().await;
+    let client = mock_client(&server);
+    // The grant is read as `expires_at - Date - 1 s` (Date has whole
+    // seconds): 4 s and the server clock's fraction of a second when the
+    // acquire is applied. Applied 2.5 s after it is sent, at a fraction
+    // near zero, that leaves about 1.5 s: no safe window, so the lease is
+    // renewed at once, before any term.
+    let fraction = u64::from(server.now().timestamp_subsec_millis());
+    tokio::time::sleep(Duration::from_millis((1_500 - fraction) % 1_000)).await;
+    server.inject(
+        Fault::delay(Duration::from_millis(2_500))
+            .on(Operation::Acquire)
+            .times(1),
+    );
+    server.inject(
+        Fault::delay_response(Duration::from_secs(20))
+            .on(Operation::Renew)
+            .times(1),
+    );
+    server.inject(
+        Fault::delay(Duration::from_millis(300))
+            .on(Operation::Release)
+            .times(1),
+    );
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let termed = Arc::new(AtomicBool::new(false));
+    let run = tokio::spawn(
+        client
+            .locks()
+            .leader(KEY, TTL)
+            .until(async {
+                let _ = stopped.await;
+            })
+            .run({
+                let termed = termed.clone();
+                move |_term| {
+                    termed.store(true, Ordering::SeqCst);
+                    async { std::future::pending::<Result<(), Error>>().await }
+                }
+            }),
+    );
+    let renewing = server.wait_for(Operation::Renew, 200, Duration::from_secs(10));
+    assert!(renewing.await.is_some(), "the pre-term renewal was applied");
+    stop.send(()).unwrap();
+    run.await.unwrap().unwrap();
+    assert!(!termed.load(Ordering::SeqCst), "no term began");
+    assert!(
+        !held_on_server(&server),
+        "run returned with the lease still held"
+    );
+    assert_eq!(
+        client.shutdown(Duration::from_secs(5)).await,
+        Vec::<String>::new()
+    );
 }

@@ -148,6 +148,10 @@ async fn i64_max_fencing_token_round_trips_and_beyond_is_rejected() {
         .expect(1)
         .mount(&server)
         .await;
+    Mock::given(method("DELETE"))
+        .respond_with(ResponseTemplate::new(204))
+        .mount(&server)
+        .await;
     let client = client(&server.uri());
     let err = client
         .locks()

@@ -56,10 +56,48 @@ pub(crate) fn granted(
         .unwrap_or_default()
 }
 
+/// Who chose an acquisition's ownership token. Provenance is data, never
+/// inferred from which builder method was called: it decides whether an
+/// acquire whose outcome is unknown is undone behind the caller's back.
+#[derive(Clone, Default)]
+pub(crate) enum Owner {
+    /// Generate a fresh token when the acquire is sent.
+    #[default]
+    Fresh,
+    /// A token the SDK generated before sending (a leader's campaign,
+    /// which must know it to wait for its release): no caller can name it,
+    /// so an uncertain outcome is undone, as for [`Owner::Fresh`].
+    Sdk(String),
+    /// The caller's [`Acquire::token`]: the caller recovers an uncertain
+    /// outcome by acquiring again with it, so nothing is undone.
+    Caller(String),
+}
+
+impl std::fmt::Debug for Owner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            Owner::Fresh => "Fresh",
+            Owner::Sdk(_) => "Sdk([redacted])",
+            Owner::Caller(_) => "Caller([redacted])",
+        })
+    }
+}
+
+impl Owner {
+    /// The token to send, and whether the SDK generated it.
+    fn resolve(self) -> Result<(String, bool)> {
+        match self {
+            Owner::Fresh => Ok((validate::new_uuid(), true)),
+            Owner::Sdk(token) => Ok((token, true)),
+            Owner::Caller(token) => validate::uuid("token", &token).map(|()| (token, false)),
+        }
+    }
+}
+
 /// Undoes an acquire whose outcome the caller will never see. Armed only
-/// for a token the SDK generated: a caller who chose the token recovers by
-/// acquiring again with it, and a release sent behind its back could free
-/// the lease that recovery just obtained.
+/// for a token the SDK generated ([`Owner`]): a caller who chose the token
+/// recovers by acquiring again with it, and a release sent behind its back
+/// could free the lease that recovery just obtained.
 ///
 /// If the acquire future is dropped while a try is in flight, or the call
 /// fails after a try whose outcome is unknown, `Drop` hands a release with
@@ -135,7 +173,7 @@ pub struct Acquire {
     pub(super) common: Common,
     pub(super) key: String,
     pub(super) ttl: Duration,
-    pub(super) token: Option<String>,
+    pub(super) token: Owner,
     pub(super) wait: Option<Duration>,
 }
 
@@ -146,7 +184,7 @@ impl std::fmt::Debug for Acquire {
         f.debug_struct("Acquire")
             .field("key", &self.key)
             .field("ttl", &self.ttl)
-            .field("token", &self.token.as_ref().map(|_| "[redacted]"))
+            .field("token", &self.token)
             .field("request_id", &self.common.request_id)
             .field("wait", &self.wait)
             .finish_non_exhaustive()
@@ -158,7 +196,7 @@ impl Acquire {
     /// instead of a fresh one. Acquiring again with the same token recovers
     /// the same lease.
     pub fn token(mut self, token: impl Into<String>) -> Self {
-        self.token = Some(token.into());
+        self.token = Owner::Caller(token.into());
         self
     }
 
@@ -170,9 +208,9 @@ impl Acquire {
     /// over (learned with `get`) or for a jittered poll interval growing
     /// from 100 ms to 1 s, whichever is sooner: a released lock is picked up
     /// within about a second, and a waiter sends at most about 60 acquires
-    /// a minute. A 429 is honoured (`Retry-After`); transport failures and
-    /// 503 are tried again (the same token makes that safe); any other
-    /// error returns at once.
+    /// a minute. Transport failures, 429 and 503 are tried again (the same
+    /// token makes that safe), no sooner than a `Retry-After` says; any
+    /// other error returns at once.
     ///
     /// No try starts after `timeout`; one in flight then has 2 s more to
     /// answer (a late success is returned as the lease). If it never
@@ -205,10 +243,7 @@ impl Acquire {
         let ttl = validate::ttl(self.ttl)?;
         validate::key(&self.key)?;
         self.common.check_timeout()?;
-        let (token, generated) = match self.token.take() {
-            Some(token) => (validate::uuid("token", &token).map(|()| token)?, false),
-            None => (validate::new_uuid(), true),
-        };
+        let (token, generated) = std::mem::take(&mut self.token).resolve()?;
         let request_id = self.common.request_id()?;
         if !generated {
             // A background release of this very token (a cancelled scope,

@@ -78,7 +78,7 @@ impl Locks {
             common: Common::new(self),
             key: key.into(),
             ttl,
-            token: None,
+            token: acquire::Owner::Fresh,
             wait: None,
         }
     }
@@ -251,7 +251,7 @@ mod requests;
 mod wait;
 
 pub use acquire::Acquire;
-pub(crate) use acquire::Measured;
+pub(crate) use acquire::{Measured, Owner};
 pub use clock::LeaseClock;
 pub use guard::{HeldLock, Hold, Leader, LockGuard, TryWithLock, WithLock};
 pub use requests::{ForceRelease, Get, Release, Renew};

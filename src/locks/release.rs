@@ -20,6 +20,7 @@ use tokio::time::Instant;
 
 use super::lease::LockLease;
 use super::Locks;
+use crate::background::Settled;
 use crate::error::{Error, Result};
 use crate::validate;
 
@@ -145,7 +146,9 @@ pub(crate) async fn confirmed(
 
 /// Hands a release of `lease` to the client's background releases, which
 /// [`Client::shutdown`](crate::Client::shutdown) waits for; it keeps trying
-/// for `live_for`, the longest the lease may still be live.
+/// for `live_for`, the longest the lease may still be live. A `409` means
+/// another token holds the lock: this token's lease is gone (it lapsed, or
+/// the acquire being undone never took), so there is nothing to release.
 pub(crate) fn in_background(
     locks: &Locks,
     lease: LockLease,
@@ -157,18 +160,30 @@ pub(crate) fn in_background(
     let (key, token) = (lease.key().to_owned(), lease.token().to_owned());
     locks
         .client()
-        .spawn_release(&key, &token, move |superseded| {
+        .spawn_release(&key, &token, live_for, move |superseded| {
             Box::pin(async move {
                 match confirmed(&task_locks, &lease, persistence, Some(superseded)).await {
                     Ok(()) => {
-                        tracing::info!(key = lease.key(), why, "lock released in the background")
+                        tracing::info!(key = lease.key(), why, "lock released in the background");
+                        Settled::Freed
                     }
-                    Err(err) => tracing::warn!(
-                        key = lease.key(),
-                        why,
-                        error = %err,
-                        "background release failed; the lease expires at its ttl"
-                    ),
+                    Err(Error::Conflict(_)) => {
+                        tracing::debug!(
+                            key = lease.key(),
+                            why,
+                            "another token holds the lock: nothing of ours to release"
+                        );
+                        Settled::Freed
+                    }
+                    Err(err) => {
+                        tracing::warn!(
+                            key = lease.key(),
+                            why,
+                            error = %err,
+                            "background release failed; the lease expires at its ttl"
+                        );
+                        Settled::MayBeHeld
+                    }
                 }
             })
         });

@@ -297,8 +297,15 @@ async fn execute(cli: Cli) -> Result<Done, Failure> {
         };
         let ran = run::run(&locks, args).await;
         // Anything handed to the background (a release that keeps failing)
-        // gets a few seconds before the process exits.
-        let _ = client.shutdown(Duration::from_secs(5)).await;
+        // gets a few seconds before the process exits; a lease that may
+        // still be held is said, on standard error.
+        let unreleased = client.shutdown(Duration::from_secs(5)).await;
+        if !unreleased.is_empty() {
+            eprintln!(
+                "volcano: warning: {} may still be held until its ttl (the release did not finish)",
+                unreleased.join(", ")
+            );
+        }
         return ran.map(Done::Ran);
     }
     command_value(&locks, command).await.map(Done::Value)

@@ -16,7 +16,7 @@ use super::renewal::{renew_in_window, renewal_task, LiveRenewal};
 use super::state::State;
 use crate::error::{Error, LockLost, LostReason, Result};
 use crate::locks::release::{self, is_transient};
-use crate::locks::{BoxFuture, Locks};
+use crate::locks::{BoxFuture, Locks, Owner};
 use crate::validate;
 
 /// `locks.hold(key, ttl)`; see [`Locks::hold`].
@@ -28,7 +28,7 @@ pub struct Hold {
     pub(super) locks: Locks,
     pub(super) key: String,
     pub(super) ttl: Duration,
-    pub(super) token: Option<String>,
+    pub(super) token: Owner,
     pub(super) request_id: Option<String>,
     pub(super) wait: Option<Duration>,
     /// The span the acquire, the renewals and the release run in; by
@@ -41,7 +41,7 @@ impl std::fmt::Debug for Hold {
         f.debug_struct("Hold")
             .field("key", &self.key)
             .field("ttl", &self.ttl)
-            .field("token", &self.token.as_ref().map(|_| "[redacted]"))
+            .field("token", &self.token)
             .field("request_id", &self.request_id)
             .field("wait", &self.wait)
             .finish_non_exhaustive()
@@ -69,7 +69,7 @@ impl Locks {
             locks: self.clone(),
             key: key.into(),
             ttl,
-            token: None,
+            token: Owner::Fresh,
             request_id: None,
             wait: None,
             span: None,
@@ -80,7 +80,7 @@ impl Locks {
 impl Hold {
     /// Acquire with this ownership token (a UUID string, sent verbatim).
     pub fn token(mut self, token: impl Into<String>) -> Self {
-        self.token = Some(token.into());
+        self.token = Owner::Caller(token.into());
         self
     }
 
@@ -124,7 +124,7 @@ impl Hold {
         locks: Locks,
         key: String,
         ttl: Duration,
-        token: Option<String>,
+        token: Owner,
         request_id: Option<String>,
         wait: Option<Duration>,
         span: tracing::Span,
@@ -132,9 +132,9 @@ impl Hold {
         validate::ttl(ttl)?;
         let clock = locks.client().lease_clock().clone();
         let mut acquire = locks.acquire(key, ttl);
-        if let Some(token) = token {
-            acquire = acquire.token(token);
-        }
+        // Whoever chose the token, the acquire knows it: that decides
+        // whether an uncertain outcome is undone.
+        acquire.token = token;
         if let Some(request_id) = request_id {
             acquire = acquire.request_id(request_id);
         }
@@ -345,6 +345,9 @@ impl Drop for HeldLock {
         }
         let _span = self.span.enter();
         let state = &self.guard.state;
+        // A deadline already passed is an expiry (counted as a loss, and
+        // the server may keep the lease a whole ttl), not a release.
+        state.check();
         state.mark(LockLost::new(state.key.clone(), LostReason::Released));
         release::in_background(
             &self.locks,

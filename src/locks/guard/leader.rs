@@ -10,7 +10,7 @@ use tracing::Instrument;
 
 use super::handle::LockGuard;
 use crate::error::Error;
-use crate::locks::Locks;
+use crate::locks::{Locks, Owner};
 use crate::validate;
 
 type Signal = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
@@ -130,61 +130,98 @@ impl Leader {
         } = self;
         validate::ttl(ttl)?;
         validate::key(&key)?;
-        let mut until: Signal = until.unwrap_or_else(|| Box::pin(std::future::pending()));
-        loop {
-            // Campaign: one token for the whole wait; a fresh one per term,
-            // so a new term is always a new acquisition with a higher
-            // fencing token.
-            // One span per campaign and term, under the caller's: the
-            // acquire, renewals, release and the term itself log in it.
-            let span = tracing::info_span!(
-                "volcano.leader",
+        let until: Signal = until.unwrap_or_else(|| Box::pin(std::future::pending()));
+        let mut tokens = Vec::new();
+        let result = campaign_and_lead(&locks, &key, ttl, until, &mut term, &mut tokens).await;
+        // A release under any campaign's token may still be running in the
+        // background: an acquire being undone, or a term's release that
+        // kept failing. Return only once they have finished (within one
+        // client timeout, as a held lock's release; past it they go on,
+        // and `Client::shutdown` waits for them).
+        let client = locks.client();
+        if !client.await_releases(&key, &tokens, client.timeout()).await {
+            tracing::warn!(
                 key = %key,
-                fencing_token = tracing::field::Empty
+                "leader's release still running in the background; Client::shutdown waits for it"
             );
-            let mut campaign = locks
-                .hold(key.clone(), ttl)
-                .token(validate::new_uuid())
-                .wait(Duration::MAX);
-            campaign.span = Some(span.clone());
-            let held = tokio::select! {
-                biased;
-                _ = &mut until => return Ok(()),
-                held = campaign => match held {
-                    Ok(held) => held,
-                    // The pre-run renewal found no safe window: try again.
-                    Err(Error::LockLost(_)) => continue,
-                    Err(err) => return Err(E::from(err)),
-                },
-            };
-            let fencing_token = held.lease().fencing_token();
-            tracing::info!(key = %key, fencing_token, "elected leader");
+        }
+        result
+    }
+}
 
-            let guard = LockGuard::clone(&held);
-            let end = {
-                let work = term(guard.clone()).instrument(span.clone());
-                tokio::select! {
-                    biased;
-                    _ = &mut until => TermEnd::Resigned,
-                    _ = guard.lost() => TermEnd::Lost,
-                    result = work => TermEnd::Returned(result),
-                }
-            };
-            // The term's future is gone before anything else happens.
-            let (_, released) = held.finish().await;
-            match end {
-                TermEnd::Lost => {
-                    let reason = guard.failure().map(|l| l.to_string());
-                    tracing::warn!(key = %key, fencing_token, reason, "leadership lost; campaigning again");
-                }
-                TermEnd::Resigned => {
-                    tracing::info!(key = %key, fencing_token, "resigned leadership");
-                    return released.map_err(E::from);
-                }
-                TermEnd::Returned(result) => {
-                    tracing::info!(key = %key, fencing_token, "leadership ended by its term");
-                    return result.and(released.map_err(E::from));
-                }
+/// The campaign-and-term loop of [`Leader::run`]; every token it uses is
+/// pushed to `tokens`.
+async fn campaign_and_lead<F, Fut, E>(
+    locks: &Locks,
+    key: &str,
+    ttl: Duration,
+    mut until: Signal,
+    term: &mut F,
+    tokens: &mut Vec<String>,
+) -> std::result::Result<(), E>
+where
+    F: FnMut(LockGuard) -> Fut + Send,
+    Fut: Future<Output = std::result::Result<(), E>> + Send,
+    E: From<Error> + Send,
+{
+    loop {
+        // Campaign: one token for the whole wait; a fresh one per term, so
+        // a new term is always a new acquisition with a higher fencing
+        // token. One span per campaign and term, under the caller's: the
+        // acquire, renewals, release and the term itself log in it.
+        let span = tracing::info_span!(
+            "volcano.leader",
+            key = %key,
+            fencing_token = tracing::field::Empty
+        );
+        // The SDK generates the campaign's token, so an acquire whose
+        // outcome is unknown is undone; knowing it, `run` can wait for that
+        // undo before it returns.
+        let token = validate::new_uuid();
+        tokens.push(token.clone());
+        let mut campaign = locks.hold(key, ttl).wait(Duration::MAX);
+        campaign.token = Owner::Sdk(token);
+        campaign.span = Some(span.clone());
+        // The campaign's future is dropped before the arms run: what it may
+        // have obtained is then being released in the background.
+        let campaigned = tokio::select! {
+            biased;
+            _ = &mut until => return Ok(()),
+            held = campaign => held,
+        };
+        let held = match campaigned {
+            Ok(held) => held,
+            // The pre-run renewal found no safe window: try again.
+            Err(Error::LockLost(_)) => continue,
+            Err(err) => return Err(E::from(err)),
+        };
+        let fencing_token = held.lease().fencing_token();
+        tracing::info!(key = %key, fencing_token, "elected leader");
+
+        let guard = LockGuard::clone(&held);
+        let end = {
+            let work = term(guard.clone()).instrument(span.clone());
+            tokio::select! {
+                biased;
+                _ = &mut until => TermEnd::Resigned,
+                _ = guard.lost() => TermEnd::Lost,
+                result = work => TermEnd::Returned(result),
+            }
+        };
+        // The term's future is gone before anything else happens.
+        let (_, released) = held.finish().await;
+        match end {
+            TermEnd::Lost => {
+                let reason = guard.failure().map(|l| l.to_string());
+                tracing::warn!(key = %key, fencing_token, reason, "leadership lost; campaigning again");
+            }
+            TermEnd::Resigned => {
+                tracing::info!(key = %key, fencing_token, "resigned leadership");
+                return released.map_err(E::from);
+            }
+            TermEnd::Returned(result) => {
+                tracing::info!(key = %key, fencing_token, "leadership ended by its term");
+                return result.and(released.map_err(E::from));
             }
         }
     }
