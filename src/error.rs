@@ -367,10 +367,13 @@ impl fmt::Display for InvalidReason {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 #[non_exhaustive]
 pub enum LostReason {
-    /// A renewal was rejected, or kept failing until no retry could arrive in
-    /// time; the cause is in [`LockLost::cause`].
+    /// A renewal was rejected (`409`, `401`, ...), or the service kept
+    /// answering with failures (`503`, `429`, ...) until no retry could
+    /// arrive in time; [`LockLost::cause`] is the last answer.
     RenewalFailed,
-    /// The local lease deadline passed before a renewal completed.
+    /// The local lease deadline passed with no answer to the renewal (a
+    /// timeout or connection failure, then in [`LockLost::cause`]), or
+    /// before one could be sent (a suspend, a stalled process).
     Expired,
     /// A renewal succeeded but left no safe window (2 s or less) to renew again.
     NoSafeWindow,

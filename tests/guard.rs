@@ -221,3 +221,95 @@ async fn two_workers_one_lock() {
         .unwrap();
     assert!(second > fence);
 }
+
+/// A renewal refused with a `Retry-After` longer than the window left is
+/// tried once more at the end of the window rather than given up with
+/// time left: ttl 5 s, the first renewal (at about 1.7 s) answered 503 with
+/// `Retry-After: 3`, the next one accepted.
+#[tokio::test]
+async fn a_retry_after_longer_than_the_window_still_gets_a_last_renewal_in_it() {
+    use wiremock::matchers::method;
+    use wiremock::{Mock, ResponseTemplate};
+    let wire = common::server().await;
+    Mock::given(method("POST"))
+        .respond_with(common::lease_body(201, 3))
+        .mount(&wire)
+        .await;
+    Mock::given(method("PATCH"))
+        .respond_with(
+            common::error_body(503, "busy", Some("lock_service_unavailable"))
+                .insert_header("retry-after", "3"),
+        )
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(&wire)
+        .await;
+    Mock::given(method("PATCH"))
+        .respond_with(common::lease_body(200, 3))
+        .mount(&wire)
+        .await;
+    Mock::given(method("DELETE"))
+        .respond_with(ResponseTemplate::new(204))
+        .mount(&wire)
+        .await;
+    let client = common::client(&wire.uri());
+    let held = client.locks().hold("job", TTL).await.unwrap();
+    let patches = || async {
+        common::received(&wire)
+            .await
+            .iter()
+            .filter(|r| r.method.as_str() == "PATCH")
+            .count()
+    };
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(6);
+    while patches().await < 2 && tokio::time::Instant::now() < deadline && !held.is_lost() {
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(!held.is_lost(), "lost: {:?}", held.failure());
+    assert_eq!(patches().await, 2, "the second renewal was sent");
+    held.release().await.unwrap();
+}
+
+/// Ttl 5 s (the mock's whole-second `Date` leaves a window of 3 to 4 s
+/// after the acquire), renewals answered 503 three times in a row: the
+/// fourth is accepted, sent at the end of the window if the backoff would
+/// have run past it.
+#[tokio::test]
+async fn three_503s_in_a_row_are_survived_with_a_5_s_ttl() {
+    let server = MockServer::start().await;
+    server.inject(Fault::status(503).on(Operation::Renew).times(3));
+    let client = mock_client(&server);
+    let held = client.locks().hold("job", TTL).await.unwrap();
+    let renewed = server.wait_for(Operation::Renew, 200, Duration::from_secs(6));
+    assert!(renewed.await.is_some(), "journal: {:?}", server.requests());
+    assert!(!held.is_lost(), "lost: {:?}", held.failure());
+    held.release().await.unwrap();
+}
+
+/// Renewals that keep being refused with 503 until no attempt fits the
+/// window: the loss is `RenewalFailed` with the last answer as its cause
+/// (`Expired` is for no answer before the deadline).
+#[tokio::test]
+async fn renewals_refused_until_the_window_closes_are_renewal_failed_with_the_last_answer() {
+    let server = MockServer::start().await;
+    server.inject(Fault::status(503).on(Operation::Renew));
+    let client = mock_client(&server);
+    let held = client.locks().hold("job", TTL).await.unwrap();
+    assert!(held.wait_lost(Duration::from_secs(8)).await);
+    let lost = held.failure().unwrap();
+    assert_eq!(lost.reason(), LostReason::RenewalFailed, "{lost}");
+    assert_eq!(lost.cause().and_then(Error::status), Some(503), "{lost}");
+    // The last attempt was sent late in the window, not given up early.
+    let last = server
+        .requests()
+        .into_iter()
+        .rfind(|r| r.operation == Operation::Renew)
+        .unwrap();
+    let acquired = server.requests()[0].at;
+    let at = (last.at - acquired).to_std().unwrap();
+    assert!(
+        at >= Duration::from_millis(2_400),
+        "last renewal {at:?} after the acquire"
+    );
+    let _ = held.release().await;
+}

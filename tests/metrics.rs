@@ -136,4 +136,52 @@ async fn acquires_renewals_losses_and_held_locks_are_recorded() {
     assert_eq!(m.samples("volcano_lock_hold_seconds", &[]).len(), 2);
     assert_eq!(m.total(losses, &[("reason", "renewal_failed")]), 1.0);
     assert_eq!(m.total(acquires, &[("outcome", "acquired")]), 2.0);
+
+    // An outage: every renewal answered 503 until no attempt fits the
+    // window. The last attempt counts as failed, not retried, and the loss
+    // as a renewal failure.
+    server.inject(Fault::status(503).on(Operation::Renew));
+    let failed_before = m.total(renewals, &[("outcome", "failed")]);
+    let retried_before = m.total(renewals, &[("outcome", "retried")]);
+    let held = locks.hold("outage", Duration::from_secs(5)).await.unwrap();
+    assert!(held.wait_lost(Duration::from_secs(8)).await);
+    let attempts = server
+        .requests()
+        .iter()
+        .filter(|r| r.operation == Operation::Renew && r.key == "outage")
+        .count() as f64;
+    assert_eq!(
+        m.total(renewals, &[("outcome", "failed")]),
+        failed_before + 1.0
+    );
+    assert_eq!(
+        m.total(renewals, &[("outcome", "retried")]),
+        retried_before + attempts - 1.0,
+        "every attempt but the last was retried"
+    );
+    assert_eq!(m.total(losses, &[("reason", "renewal_failed")]), 2.0);
+    let _ = held.release().await;
+    server.clear_faults();
+
+    // A lock dropped after its deadline passed, before any task saw it:
+    // counted as an expiry, not as an ordinary release.
+    let clock = volcano::LeaseClock::adjustable();
+    let timed = Client::builder()
+        .service_key(server.service_key())
+        .api_url(server.url())
+        .lease_clock(clock.clone())
+        .build()
+        .unwrap();
+    let held = timed
+        .locks()
+        .hold("late", Duration::from_secs(5))
+        .await
+        .unwrap();
+    let expired_before = m.total(losses, &[("reason", "expired")]);
+    clock.advance(Duration::from_secs(6));
+    drop(held);
+    assert_eq!(
+        m.total(losses, &[("reason", "expired")]),
+        expired_before + 1.0
+    );
 }

@@ -435,7 +435,9 @@ async fn a_huge_retry_after_on_a_renewal_ends_in_a_loss_not_a_panic() {
         .unwrap_err();
     match err {
         Error::LockLost(lost) => {
-            assert_eq!(lost.reason(), LostReason::Expired);
+            // Refused until no attempt fit: a renewal failure, with the
+            // last answer as its cause.
+            assert_eq!(lost.reason(), LostReason::RenewalFailed);
             assert_eq!(lost.cause().and_then(Error::status), Some(429));
         }
         other => panic!("{other:?}"),

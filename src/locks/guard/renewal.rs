@@ -9,7 +9,7 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 
 use super::state::State;
 use super::{REQUEST_BUDGET, SAFETY_MARGIN};
-use crate::error::{LockLost, LostReason};
+use crate::error::{Error, LockLost, LostReason};
 use crate::locks::release::is_transient;
 use crate::locks::Locks;
 use crate::validate;
@@ -18,6 +18,8 @@ use crate::validate;
 const MAX_RENEW_DELAY: Duration = Duration::from_secs(60);
 /// A renewal attempt with less time than this left is not sent.
 const MIN_ATTEMPT: Duration = Duration::from_millis(100);
+/// A pause cut short to fit the window leaves the last attempt this long.
+const LAST_ATTEMPT: Duration = Duration::from_millis(500);
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
 
@@ -33,7 +35,9 @@ pub(super) fn renewal_delay(ttl: Duration, remaining: Duration, u: f64) -> Durat
 
 /// Renews until it succeeds, the lease is definitively refused, or no
 /// attempt can arrive in time. Each attempt's timeout ends where the safe
-/// window ends; transient failures back off with jitter.
+/// window ends; transient failures back off with jitter, and a pause that
+/// would run past the last moment an attempt can still be sent is cut
+/// short, so that attempt is made.
 pub(super) async fn renew_in_window(state: &State, locks: &Locks) -> Result<(), LockLost> {
     let mut backoff = ExponentialBuilder::default()
         .with_min_delay(BACKOFF_MIN)
@@ -41,7 +45,10 @@ pub(super) async fn renew_in_window(state: &State, locks: &Locks) -> Result<(), 
         .with_jitter()
         .without_max_times()
         .build();
+    let mut tally = Tally::new(state);
     let mut last_error = None;
+    // The next attempt is the last one the window has room for.
+    let mut last_try = false;
     loop {
         if state.check() {
             return Err(state.failure().expect("a checked loss is recorded"));
@@ -49,15 +56,13 @@ pub(super) async fn renew_in_window(state: &State, locks: &Locks) -> Result<(), 
         let renew_by = state.deadline().saturating_sub(SAFETY_MARGIN);
         let budget = renew_by.saturating_sub(state.clock.now());
         if budget < MIN_ATTEMPT {
-            let lost = LockLost::new(state.key.clone(), LostReason::Expired);
-            return Err(match last_error {
-                Some(err) => lost.with_cause(err),
-                None => lost,
-            });
+            tally.settle("failed");
+            return Err(gave_up(&state.key, last_error));
         }
         let lease = state.lease();
         let request_id = validate::new_uuid();
         state.renewal_sent();
+        tally.sending();
         let result = locks
             .renew(&lease, state.ttl)
             .request_id(request_id.clone())
@@ -71,7 +76,7 @@ pub(super) async fn renew_in_window(state: &State, locks: &Locks) -> Result<(), 
         }
         match result {
             Ok(renewed) => {
-                crate::telemetry::renewal("renewed");
+                tally.settle("renewed");
                 tracing::debug!(
                     key = %state.key,
                     fencing_token = renewed.lease.fencing_token(),
@@ -81,23 +86,26 @@ pub(super) async fn renew_in_window(state: &State, locks: &Locks) -> Result<(), 
                 return state.renewed(renewed);
             }
             Err(err) if is_transient(&err) => {
-                crate::telemetry::renewal("retried");
-                let wait = backoff
+                // `Retry-After` is the server's number: it may be huge. The
+                // window decides: a pause that would end too late is cut
+                // to leave one last attempt `LAST_ATTEMPT` to arrive.
+                if last_try {
+                    tally.settle("failed");
+                    return Err(gave_up(&state.key, Some(err)));
+                }
+                let wanted = backoff
                     .next()
                     .unwrap_or(BACKOFF_MAX)
                     .max(err.retry_after().unwrap_or_default());
-                // `Retry-After` is the server's number: it may be huge.
-                if state
-                    .clock
-                    .now()
-                    .saturating_add(wait)
-                    .saturating_add(MIN_ATTEMPT)
-                    > renew_by
-                {
-                    return Err(
-                        LockLost::new(state.key.clone(), LostReason::Expired).with_cause(err)
-                    );
-                }
+                let left = renew_by
+                    .saturating_sub(LAST_ATTEMPT)
+                    .saturating_sub(state.clock.now());
+                let wait = if wanted >= left {
+                    last_try = true;
+                    left
+                } else {
+                    wanted
+                };
                 tracing::info!(
                     key = %state.key,
                     fencing_token = lease.fencing_token(),
@@ -112,11 +120,70 @@ pub(super) async fn renew_in_window(state: &State, locks: &Locks) -> Result<(), 
                 }
             }
             Err(err) => {
-                crate::telemetry::renewal("failed");
+                tally.settle("failed");
                 return Err(
                     LockLost::new(state.key.clone(), LostReason::RenewalFailed).with_cause(err)
                 );
             }
+        }
+    }
+}
+
+/// The loss when no renewal attempt fits the window any more: the service
+/// kept refusing (`503`, `429`, ...) is [`LostReason::RenewalFailed`] with
+/// its last answer; no answer before the deadline is
+/// [`LostReason::Expired`].
+fn gave_up(key: &str, last_error: Option<Error>) -> LockLost {
+    match last_error {
+        Some(err) if !err.is_transport() => {
+            LockLost::new(key, LostReason::RenewalFailed).with_cause(err)
+        }
+        Some(err) => LockLost::new(key, LostReason::Expired).with_cause(err),
+        None => LockLost::new(key, LostReason::Expired),
+    }
+}
+
+/// Counts each renewal attempt once, in `volcano_lock_renewals_total`:
+/// `renewed`, `retried` (a transient failure followed by another attempt),
+/// or `failed` (the attempt after which the lock was lost). An attempt left
+/// open when the renewal is dropped counts as `failed` if the lock was lost
+/// by expiry or renewal failure meanwhile; a release that stops the
+/// renewal counts nothing.
+struct Tally<'a> {
+    state: &'a State,
+    /// An attempt was sent and its outcome not counted yet.
+    open: bool,
+}
+
+impl<'a> Tally<'a> {
+    fn new(state: &'a State) -> Self {
+        Tally { state, open: false }
+    }
+
+    fn sending(&mut self) {
+        if self.open {
+            crate::telemetry::renewal("retried");
+        }
+        self.open = true;
+    }
+
+    fn settle(&mut self, outcome: &'static str) {
+        if std::mem::take(&mut self.open) {
+            crate::telemetry::renewal(outcome);
+        }
+    }
+}
+
+impl Drop for Tally<'_> {
+    fn drop(&mut self) {
+        let lost = self.state.failure().is_some_and(|lost| {
+            matches!(
+                lost.reason(),
+                LostReason::Expired | LostReason::RenewalFailed
+            )
+        });
+        if lost {
+            self.settle("failed");
         }
     }
 }
