@@ -272,3 +272,78 @@ async fn with_lock_can_wait_and_its_guard_starts_fresh() {
     let fence = waiting.await.unwrap().unwrap();
     assert!(fence > holder.fencing_token());
 }
+
+/// A waiter's try answered 500 after a conflict may have been applied, so
+/// it is undone; the lock is another token's, and the release's 409 says
+/// nothing of ours is held: no warning about a failed release, nothing
+/// reported by `shutdown`.
+#[tokio::test]
+async fn undoing_a_try_on_a_lock_held_elsewhere_is_not_a_failed_release() {
+    use volcano_mock_server::Fault;
+    let (captured, _default) = common::Captured::install(tracing::Level::DEBUG);
+    let server = MockServer::start().await;
+    let client = mock_client(&server);
+    let _holder = client.locks().acquire("report", TTL).await.unwrap();
+    // The waiter's first try finds the lock held; its second gets a 500.
+    server.inject(Fault::status(500).on(Operation::Acquire).every(2).times(1));
+    let err = client
+        .locks()
+        .acquire("report", TTL)
+        .wait(Duration::from_secs(5))
+        .await
+        .unwrap_err();
+    assert_eq!(err.status(), Some(500), "{err:?}");
+    assert!(client.shutdown(Duration::from_secs(5)).await.is_empty());
+    let undone = server
+        .requests()
+        .into_iter()
+        .any(|r| r.operation == Operation::Release && r.status == Some(409));
+    assert!(undone, "the try was undone: {:?}", server.requests());
+    assert!(
+        captured.lines("background release failed").is_empty(),
+        "{:?}",
+        captured.lines("release")
+    );
+}
+
+/// A 503 that says when to come back (`Retry-After`) is honoured by a
+/// waiting acquire as a 429 is: no try before then.
+#[tokio::test]
+async fn a_waiter_honours_retry_after_on_a_503() {
+    use wiremock::matchers::method;
+    use wiremock::{Mock, ResponseTemplate};
+    let wire = common::server().await;
+    Mock::given(method("POST"))
+        .respond_with(
+            common::error_body(503, "busy", Some("lock_service_unavailable"))
+                .insert_header("retry-after", "2"),
+        )
+        .up_to_n_times(2)
+        .with_priority(1)
+        .mount(&wire)
+        .await;
+    Mock::given(method("POST"))
+        .respond_with(common::lease_body(201, 1))
+        .mount(&wire)
+        .await;
+    Mock::given(method("DELETE"))
+        .respond_with(ResponseTemplate::new(204))
+        .mount(&wire)
+        .await;
+    let client = common::client(&wire.uri());
+    let started = Instant::now();
+    let lease = client
+        .locks()
+        .acquire("report", TTL)
+        .wait(Duration::from_secs(10))
+        .await
+        .unwrap();
+    // The try (sent twice: acquire's own retry on a 503) then the wait.
+    assert!(
+        started.elapsed() >= Duration::from_secs(2),
+        "tried again after {:?}",
+        started.elapsed()
+    );
+    assert_eq!(common::received(&wire).await.len(), 3);
+    client.locks().release(&lease).await.unwrap();
+}

@@ -31,6 +31,16 @@ pub(crate) const POLL_MIN: Duration = Duration::from_millis(100);
 pub(crate) const POLL_MAX: Duration = Duration::from_secs(1);
 /// The service's takeover grace after `expires_at`.
 const TAKEOVER_GRACE: Duration = Duration::from_secs(1);
+/// The longest `Retry-After` a waiter honours: the service's quota window
+/// is a minute; a proxy's maintenance answer may name hours, and a waiter
+/// should not sleep through the service's recovery.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+
+/// A server's `Retry-After`, within [`MAX_RETRY_AFTER`].
+fn retry_after(after: Duration) -> Duration {
+    after.min(MAX_RETRY_AFTER)
+}
+
 /// How long past the deadline a try already in flight may take to answer.
 pub(crate) const ANSWER_GRACE: Duration = Duration::from_secs(2);
 
@@ -111,18 +121,20 @@ impl Waiter {
                 )
             }
             Error::RateLimited(_) => {
-                let pause = err.retry_after().unwrap_or(poll).max(poll);
+                let pause = err.retry_after().map_or(poll, retry_after).max(poll);
                 self.last_other = Some(err);
                 (pause, false)
             }
-            // The same token makes another try safe.
+            // The same token makes another try safe; a 503 may name when
+            // (`Retry-After`), as a 429 does.
             _ if err.is_transport() || err.status() == Some(503) => {
+                let pause = err.retry_after().map_or(poll, retry_after).max(poll);
                 if err.may_have_applied() {
                     self.last_uncertain = Some(err);
                 } else {
                     self.last_other = Some(err);
                 }
-                (poll, false)
+                (pause, false)
             }
             _ => return Step::Stop(err),
         };
