@@ -11,10 +11,13 @@ use tokio::process::{Child, Command};
 use volcano_mock_server::{MockServer, Operation};
 
 /// The CLI with the mock server's URL and keys, the given extra
-/// environment, `args`, and standard input closed (not a terminal).
+/// environment, `args`, standard input closed, and out of any terminal's
+/// foreground (a group of its own), as under cron or a supervisor, even
+/// when the tests run in a terminal.
 fn volcano(server: &MockServer, args: &[&str]) -> Command {
     let mut command = Command::new(env!("CARGO_BIN_EXE_volcano"));
     command
+        .process_group(0)
         .args(args)
         .env_clear()
         .env("PATH", std::env::var_os("PATH").unwrap_or_default())
@@ -434,4 +437,54 @@ async fn a_command_killed_by_a_signal_exits_128_plus_its_number() {
     assert_eq!(summary["signal"], 9, "{summary}");
     assert_eq!(summary["lost"], false, "{summary}");
     assert!(!live(&server, "report"), "released after the command died");
+}
+
+/// In the foreground of a terminal, with standard input redirected, the
+/// command stays in the terminal's foreground group and can read
+/// `/dev/tty`. (Put in a group of its own, it would be stopped by SIGTTIN
+/// there while the CLI kept renewing.) `script` gives the CLI a terminal
+/// and types into it.
+#[tokio::test]
+async fn in_a_terminals_foreground_with_stdin_redirected_the_command_reads_the_terminal() {
+    use tokio::io::AsyncWriteExt;
+    let server = MockServer::start().await;
+    let dir = scratch("tty");
+    let mark = dir.join("mark");
+    let inner = format!(
+        "{} locks run tty-key --ttl 5 -- sh -c 'read line < /dev/tty; echo \"$line\" > {}' < /dev/null",
+        env!("CARGO_BIN_EXE_volcano"),
+        mark.display()
+    );
+    let mut script = Command::new("script");
+    script
+        .args(["-qec", &inner, "/dev/null"])
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("VOLCANO_API_URL", server.url())
+        .env("VOLCANO_SERVICE_KEY", server.service_key())
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .kill_on_drop(true);
+    let mut child = script.spawn().expect("script(1) from util-linux");
+    let mut typing = child.stdin.take().unwrap();
+    typing.write_all(b"typed at the terminal\n").await.unwrap();
+    let read = tokio::time::timeout(Duration::from_secs(10), async {
+        while !std::fs::read_to_string(&mark).is_ok_and(|s| s.ends_with('\n')) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    })
+    .await;
+    assert!(
+        read.is_ok(),
+        "the command never read the terminal (stopped by SIGTTIN?)"
+    );
+    assert_eq!(
+        std::fs::read_to_string(&mark).unwrap(),
+        "typed at the terminal\n"
+    );
+    drop(typing);
+    let ended = ended(child).await;
+    assert_eq!(ended.code, Some(0), "{}{}", ended.stdout, ended.stderr);
+    assert!(!live(&server, "tty-key"), "released");
 }

@@ -4,14 +4,21 @@
 //! The child gets `VOLCANO_LOCK_KEY` and `VOLCANO_FENCING_TOKEN`, not the
 //! service key (removed from its environment) nor the ownership token.
 //!
-//! Unless standard input is a terminal (cron, scripts, supervisors), the
-//! child leads a process group of its own, and signals go to that whole
-//! group: on a loss, SIGTERM then SIGKILL after `--kill-after` reach
-//! everything the command started; SIGTERM, SIGINT, SIGHUP and SIGQUIT sent
-//! to the CLI are passed on. On a terminal the child stays in the
-//! terminal's group, so that it can use the terminal; Ctrl-C reaches it
-//! directly, so SIGINT is not passed on again, and signals go to the child
-//! alone.
+//! Unless the CLI runs in the foreground of its terminal (cron, scripts,
+//! supervisors, background jobs), the child leads a process group of its
+//! own, and signals go to that whole group: on a loss, SIGTERM then SIGKILL
+//! after `--kill-after` reach everything the command started; SIGTERM,
+//! SIGINT, SIGHUP and SIGQUIT sent to the CLI are passed on. In the
+//! foreground of a terminal (whatever standard input is redirected from)
+//! the child stays in the terminal's foreground group, so that it can read
+//! the terminal; the signals the terminal sends (Ctrl-C's SIGINT, Ctrl-\'s
+//! SIGQUIT, SIGHUP on hangup) reach it directly and are not passed on
+//! again; SIGTERM is, and signals go to the child alone.
+//!
+//! Under systemd, `KillMode=control-group` (the default) sends SIGTERM to
+//! every process of the unit, the child too, and the CLI passes it on: the
+//! child sees it twice. Use `KillMode=mixed` (SIGTERM to the CLI alone,
+//! SIGKILL to all after `TimeoutStopSec`).
 //!
 //! The lock is released on every path once the child has exited, including
 //! when it could not be started (exit 127 if not found, 126 otherwise, as a
@@ -109,7 +116,7 @@ pub(crate) async fn run(locks: &Locks, args: RunArgs) -> Result<Ran, Failure> {
         .env_remove(volcano::ENV_SERVICE_KEY)
         // Returning early (an error) must not leave it running unguarded.
         .kill_on_drop(true);
-    let own_group = !std::io::IsTerminal::is_terminal(&std::io::stdin());
+    let own_group = !in_terminal_foreground();
     #[cfg(unix)]
     if own_group {
         command.process_group(0);
@@ -163,9 +170,9 @@ pub(crate) async fn run(locks: &Locks, args: RunArgs) -> Result<Ran, Failure> {
                 let _ = child.start_kill();
             }
             signal = signals.next() => {
-                // On a terminal a Ctrl-C reached the child already: it
-                // shares the terminal's foreground process group.
-                if own_group || !matches!(signal, Stop::Interrupt) {
+                // In the terminal's foreground group the signals the
+                // terminal sends reached the child already.
+                if own_group || !signal.sent_by_terminal() {
                     signal_child(&child, own_group, signal);
                 }
             }
@@ -268,6 +275,11 @@ enum Stop {
 }
 
 impl Stop {
+    /// Sent by a terminal to its whole foreground process group.
+    fn sent_by_terminal(self) -> bool {
+        matches!(self, Stop::Interrupt | Stop::Quit | Stop::Hangup)
+    }
+
     /// A shell's exit code for a process this signal ended: 128 + N.
     fn shell_code(self) -> u8 {
         128 + match self {
@@ -304,6 +316,25 @@ fn signal_child(child: &Child, own_group: bool, stop: Stop) {
     } else {
         kill_process(pid, signal)
     };
+}
+
+/// Whether this process is in the foreground process group of its
+/// controlling terminal: then the child shares that group to use the
+/// terminal. Standard input alone does not tell (`run ... < file` from an
+/// interactive shell is still in the foreground; a child put in a group of
+/// its own would be stopped by SIGTTIN when it reads `/dev/tty`).
+#[cfg(unix)]
+fn in_terminal_foreground() -> bool {
+    // No controlling terminal (cron, a daemon): opening it fails.
+    std::fs::File::open("/dev/tty")
+        .ok()
+        .and_then(|tty| rustix::termios::tcgetpgrp(&tty).ok())
+        .is_some_and(|foreground| foreground == rustix::process::getpgrp())
+}
+
+#[cfg(not(unix))]
+fn in_terminal_foreground() -> bool {
+    true
 }
 
 #[cfg(not(unix))]
