@@ -1,5 +1,7 @@
 //! Model test of ambiguity: random programs of acquire, waiting acquire,
-//! with_lock, renew and release, each possibly cancelled at a random point,
+//! with_lock, hold (released or dropped), leader election (stepping down
+//! on `until`, or ending its term), renew and release, each possibly
+//! cancelled at a random point,
 //! run concurrently against the mock server while it delays answers after
 //! applying, drops answers, resets connections, answers 503 and jumps its
 //! clock. After each program the client's background releases are awaited
@@ -47,6 +49,21 @@ enum Call {
         own_token: bool,
         hold_ms: u64,
         wait_ms: Option<u64>,
+    },
+    /// `hold`, kept `hold_ms`, then released or dropped (`drop`). Its
+    /// token is the SDK's: never named, so a lease left behind is a leak.
+    Hold {
+        key: usize,
+        hold_ms: u64,
+        wait_ms: Option<u64>,
+        drop: bool,
+    },
+    /// `leader(..).until(..)`, stepping down after `until_ms`; each term
+    /// ends itself after `term_ms` if that comes first.
+    Leader {
+        key: usize,
+        until_ms: u64,
+        term_ms: u64,
     },
     /// Renews the newest plain lease the program holds.
     Renew,
@@ -104,6 +121,10 @@ fn calls() -> impl Strategy<Value = Call> {
                 hold_ms,
                 wait_ms
             }),
+        2 => (0..KEYS.len(), 0u64..600, prop::option::of(0u64..600), any::<bool>())
+            .prop_map(|(key, hold_ms, wait_ms, drop)| Call::Hold { key, hold_ms, wait_ms, drop }),
+        2 => (0..KEYS.len(), 0u64..1_500, 0u64..900)
+            .prop_map(|(key, until_ms, term_ms)| Call::Leader { key, until_ms, term_ms }),
         1 => Just(Call::Renew),
         2 => Just(Call::Release),
     ]
@@ -190,6 +211,37 @@ fn live_fence(server: &MockServer, key: &str) -> Option<i64> {
         .map(|l| l.fencing_token)
 }
 
+/// (b): the server's view first; if it had already granted the key to
+/// another token, a guard that has not noticed is a violation.
+fn check_belief(server: &MockServer, world: &World, guard: &volcano::LockGuard, what: &str) {
+    let key = guard.key();
+    let fence = live_fence(server, key);
+    let mine = guard.lease().fencing_token();
+    if !guard.is_lost() && fence.is_some_and(|f| f != mine) {
+        world.violation(format!(
+            "(b) {what} with fence {mine} believed it held {key} while the server had granted fence {fence:?}"
+        ));
+    }
+}
+
+/// Keeps checking (b) for `ms`, or until the guard is lost.
+async fn watch_belief(
+    server: &MockServer,
+    world: &World,
+    guard: &volcano::LockGuard,
+    what: &str,
+    ms: u64,
+) {
+    let until = tokio::time::Instant::now() + Duration::from_millis(ms);
+    loop {
+        check_belief(server, world, guard, what);
+        if tokio::time::Instant::now() >= until || guard.is_lost() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
 async fn run_step(step: Step, client: Client, server: Arc<MockServer>, world: Arc<World>) {
     tokio::time::sleep(Duration::from_millis(step.start_ms)).await;
     let work = run_call(step.call, client, server, world);
@@ -242,15 +294,7 @@ async fn run_call(call: Call, client: Client, server: Arc<MockServer>, world: Ar
             let mut scope = locks.with_lock(key, TTL, move |guard| async move {
                 let until = tokio::time::Instant::now() + Duration::from_millis(hold_ms);
                 loop {
-                    // The server's view first: if it had already granted the
-                    // key to another token, the guard must know by now.
-                    let fence = live_fence(&server, key);
-                    let mine = guard.lease().fencing_token();
-                    if !guard.is_lost() && fence.is_some_and(|f| f != mine) {
-                        watcher.violation(format!(
-                            "(b) guard with fence {mine} believed it held {key} while the server had granted fence {fence:?}"
-                        ));
-                    }
+                    check_belief(&server, &watcher, &guard, "guard");
                     if tokio::time::Instant::now() >= until {
                         return Ok::<_, Error>(guard.failure().is_none());
                     }
@@ -272,6 +316,56 @@ async fn run_call(call: Call, client: Client, server: Arc<MockServer>, world: Ar
                     ));
                 }
             }
+        }
+        Call::Hold {
+            key,
+            hold_ms,
+            wait_ms,
+            drop,
+        } => {
+            let key = KEYS[key];
+            let mut hold = locks.hold(key, TTL);
+            if let Some(ms) = wait_ms {
+                hold = hold.wait(Duration::from_millis(ms));
+            }
+            let Ok(held) = hold.await else {
+                return;
+            };
+            watch_belief(&server, &world, &held, "held lock", hold_ms).await;
+            if drop {
+                std::mem::drop(held);
+            } else if let Err(Error::Conflict(api)) = held.release().await {
+                if api.code() == Some(volcano::codes::OWNERSHIP_LOST) {
+                    world.violation(format!(
+                        "(c) hold on {key} ended with a release refused as ownership lost"
+                    ));
+                }
+            }
+        }
+        Call::Leader {
+            key,
+            until_ms,
+            term_ms,
+        } => {
+            let key = KEYS[key];
+            let (server, world) = (server.clone(), world.clone());
+            let until = tokio::time::sleep(Duration::from_millis(until_ms));
+            let _ = locks
+                .leader(key, TTL)
+                .until(until)
+                .run(move |term| {
+                    let (server, world) = (server.clone(), world.clone());
+                    async move {
+                        watch_belief(&server, &world, &term, "leader term", term_ms).await;
+                        // A term that saw its lease lost waits to be
+                        // dropped; one that ran its course resigns.
+                        if term.is_lost() {
+                            std::future::pending::<()>().await;
+                        }
+                        Ok::<_, Error>(())
+                    }
+                })
+                .await;
         }
         Call::Renew => {
             let Some(lease) = world.leases.lock().unwrap().last().cloned() else {
