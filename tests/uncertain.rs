@@ -98,6 +98,7 @@ async fn a_wait_with_the_callers_token_reports_an_unanswered_try_not_the_older_c
                 .acquire(KEY, TTL)
                 .token(mine)
                 .wait(Duration::from_secs(2))
+                .poll_interval(Duration::from_millis(200))
                 .await
         }
     });

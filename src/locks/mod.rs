@@ -80,6 +80,7 @@ impl Locks {
             ttl,
             token: acquire::Owner::Fresh,
             wait: None,
+            poll_interval: None,
         }
     }
 

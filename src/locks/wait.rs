@@ -1,11 +1,19 @@
-//! Waiting for a held lock: `locks.acquire(key, ttl).wait(timeout)`.
+//! Waiting for a held lock: `locks.acquire(key, ttl).wait(timeout)`, and
+//! through it `hold(..).wait`, `with_lock(..).wait`, `leader` campaigns and
+//! `volcano locks run --wait`.
 //!
-//! Between tries the waiter sleeps until the holder's lease can be taken
-//! over (its `expires_at` + 1 s grace, learned with one `get` and read again
-//! only once that moment has passed) or for a jittered poll interval that
-//! grows from 100 ms to 1 s, whichever is sooner, and never past the
-//! caller's timeout. A long waiter therefore sends at most about 60
-//! acquires a minute plus one `get` per holder expiry it outlives.
+//! Quota-aware: a project's 600 lock operations a minute are shared by its
+//! whole fleet, and holders' renewals must never be starved by waiters.
+//! A waiter that knows the holder's expiry (learned with one `get`) sleeps
+//! until the takeover moment (`expires_at` + 1 s grace) and looks again
+//! (`get`) before trying: a holder that renewed costs one request per
+//! lease period. While that moment is far off (more than 1.5 poll
+//! intervals), it also tries at a slow jittered poll interval (default
+//! [`DEFAULT_POLL`], `.poll_interval(d)`), to pick up a graceful release.
+//! A holder it cannot learn is polled with a ramp from 100 ms up to the
+//! poll interval. A 429 (or a 503 with `Retry-After`) pauses until the
+//! window it names has passed, plus a jitter of up to one poll interval, so
+//! that a fleet does not fire all at the first second of the next window.
 //!
 //! Uncertain outcomes end in a known state. No try (nor acquire's single
 //! retry, nor a `get`) starts after the deadline. A try still in flight at
@@ -24,22 +32,28 @@ use tokio::time::Instant;
 
 use crate::error::Error;
 
-/// First poll interval.
+/// First poll interval while the holder is unknown.
 pub(crate) const POLL_MIN: Duration = Duration::from_millis(100);
-/// Longest poll interval: bounds how late a released lock is noticed and
-/// how many requests a waiter sends (about 60 acquires a minute).
-pub(crate) const POLL_MAX: Duration = Duration::from_secs(1);
+/// The default poll interval for an early release: waiters on a key with a
+/// 15 s ttl send about 6.5 requests a minute each (docs/benchmarks.md).
+pub(crate) const DEFAULT_POLL: Duration = Duration::from_secs(10);
+/// Checks a caller's poll interval.
+pub(crate) fn check_poll_interval(poll: Duration) -> crate::error::Result<()> {
+    if poll < POLL_MIN {
+        return Err(Error::invalid(format!(
+            "poll_interval must be at least {} ms (got {poll:?})",
+            POLL_MIN.as_millis()
+        )));
+    }
+    Ok(())
+}
+
 /// The service's takeover grace after `expires_at`.
 const TAKEOVER_GRACE: Duration = Duration::from_secs(1);
 /// The longest `Retry-After` a waiter honours: the service's quota window
 /// is a minute; a proxy's maintenance answer may name hours, and a waiter
 /// should not sleep through the service's recovery.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
-
-/// A server's `Retry-After`, within [`MAX_RETRY_AFTER`].
-fn retry_after(after: Duration) -> Duration {
-    after.min(MAX_RETRY_AFTER)
-}
 
 /// How long past the deadline a try already in flight may take to answer.
 pub(crate) const ANSWER_GRACE: Duration = Duration::from_secs(2);
@@ -52,19 +66,31 @@ pub(crate) struct Window {
     pub(crate) answer_by: Option<Instant>,
 }
 
-/// What the waiter does after a failed try.
+/// What the waiter does after a failed try or a look at the holder.
 pub(crate) enum Step {
-    /// Try again after this pause; `learn_holder` asks for a `get` first.
-    Retry { pause: Duration, learn_holder: bool },
+    /// Pause, then do `then`.
+    Retry { pause: Duration, then: Then },
     /// Stop and return this error.
     Stop(Error),
+}
+
+/// What follows a pause.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Then {
+    /// Try to acquire.
+    Acquire,
+    /// Look at the holder (`get`) first: it may have renewed.
+    LookAtHolder,
 }
 
 /// The state of one waiting acquire.
 pub(crate) struct Waiter {
     /// `None`: the timeout is too large to represent; wait forever.
     deadline: Option<Instant>,
-    poll: Duration,
+    /// How often to try for an early release while the holder is known.
+    poll_interval: Duration,
+    /// The next ramp step while the holder is unknown.
+    ramp: Duration,
     /// When the known holder's lease can be taken over (local time).
     holder_free_at: Option<Instant>,
     /// The newest `409`: what a timed-out wait returns.
@@ -74,17 +100,21 @@ pub(crate) struct Waiter {
     /// The newest try whose outcome is unknown, while no later `409`
     /// showed it did not take.
     last_uncertain: Option<Error>,
+    /// The step being taken follows a look at the holder.
+    looked: bool,
 }
 
 impl Waiter {
-    pub(crate) fn new(timeout: Duration) -> Self {
+    pub(crate) fn new(timeout: Duration, poll_interval: Duration) -> Self {
         Waiter {
             deadline: Instant::now().checked_add(timeout),
-            poll: POLL_MIN,
+            poll_interval,
+            ramp: POLL_MIN.min(poll_interval),
             holder_free_at: None,
             last_conflict: None,
             last_other: None,
             last_uncertain: None,
+            looked: false,
         }
     }
 
@@ -106,45 +136,104 @@ impl Waiter {
 
     /// Decides what follows a failed try.
     pub(crate) fn after(&mut self, err: Error) -> Step {
-        let now = Instant::now();
-        let poll = self.next_poll();
-        let (pause, learn_holder) = match &err {
+        let looked = std::mem::take(&mut self.looked);
+        let step = match &err {
             Error::Conflict(_) => {
                 // The lock is someone else's (or our lapsed lease's): no
                 // earlier try of ours holds it.
                 self.last_uncertain = None;
-                let until_free = self.holder_free_at.filter(|t| *t > now).map(|t| t - now);
                 self.last_conflict = Some(err);
-                (
-                    until_free.map_or(poll, |u| u.min(poll)),
-                    until_free.is_none(),
-                )
+                match self.toward_the_holder() {
+                    Some(step) => step,
+                    // Unknown, or past its takeover moment: look. Right
+                    // after a look that found it free, not at once.
+                    None => {
+                        let pause = if looked {
+                            self.next_ramp()
+                        } else {
+                            Duration::ZERO
+                        };
+                        (pause, Then::LookAtHolder)
+                    }
+                }
             }
             Error::RateLimited(_) => {
-                let pause = err.retry_after().map_or(poll, retry_after).max(poll);
+                let pause = self.spread(err.retry_after());
                 self.last_other = Some(err);
-                (pause, false)
+                (pause, Then::Acquire)
             }
             // The same token makes another try safe; a 503 may name when
             // (`Retry-After`), as a 429 does.
             _ if err.is_transport() || err.status() == Some(503) => {
-                let pause = err.retry_after().map_or(poll, retry_after).max(poll);
+                let pause = match err.retry_after() {
+                    Some(after) => self.spread(Some(after)),
+                    None => self.next_ramp(),
+                };
                 if err.may_have_applied() {
                     self.last_uncertain = Some(err);
                 } else {
                     self.last_other = Some(err);
                 }
-                (pause, false)
+                (pause, Then::Acquire)
             }
             _ => return Step::Stop(err),
         };
+        self.step(step)
+    }
+
+    /// Decides what follows a look at the holder: what `get` said (held,
+    /// and until when), or the error it failed with (which never ends the
+    /// wait: the tries decide).
+    pub(crate) fn looked(
+        &mut self,
+        state: Result<(bool, Option<chrono::DateTime<Utc>>), Error>,
+    ) -> Step {
+        self.looked = true;
+        let step = match state {
+            Ok((held, expires_at)) => {
+                self.holder(held, expires_at);
+                match self.toward_the_holder() {
+                    Some(step) => step,
+                    // Free now: try at once.
+                    None if !held => (Duration::ZERO, Then::Acquire),
+                    // Held, until when unknown: try after a ramp step.
+                    None => (self.next_ramp(), Then::Acquire),
+                }
+            }
+            Err(err @ Error::RateLimited(_)) => {
+                let pause = self.spread(err.retry_after());
+                self.last_other.get_or_insert(err);
+                (pause, Then::Acquire)
+            }
+            Err(_) => (self.next_ramp(), Then::Acquire),
+        };
+        self.step(step)
+    }
+
+    fn step(&mut self, (pause, then): (Duration, Then)) -> Step {
         match self.timed_out() {
             Some(err) => Step::Stop(err),
             None => Step::Retry {
                 pause: pause.min(self.remaining()),
-                learn_holder,
+                then,
             },
         }
+    }
+
+    /// With the holder known and not yet free: sleep to the takeover moment
+    /// and look again, or, while that is more than 1.5 poll intervals
+    /// away, try again after one (an early release). `None` when the
+    /// holder is unknown or past its takeover moment.
+    fn toward_the_holder(&mut self) -> Option<(Duration, Then)> {
+        let now = Instant::now();
+        let free_at = self.holder_free_at.take().filter(|t| *t > now)?;
+        self.holder_free_at = Some(free_at);
+        let until_free = free_at - now;
+        Some(if until_free <= self.poll_interval.mul_f64(1.5) {
+            (until_free, Then::LookAtHolder)
+        } else {
+            (jitter(self.poll_interval), Then::Acquire)
+        })
     }
 
     /// Once the timeout has passed: the error to return (the last conflict
@@ -160,24 +249,139 @@ impl Waiter {
     }
 
     /// Records what `get` said about the holder: when its lease can be
-    /// taken over, as a local instant. Clock skew only costs a poll.
-    pub(crate) fn holder(&mut self, held: bool, expires_at: Option<chrono::DateTime<Utc>>) {
+    /// taken over, as a local instant. Clock skew only costs a look. Held
+    /// with no expiry (or one too far ahead to represent) is unknown.
+    fn holder(&mut self, held: bool, expires_at: Option<chrono::DateTime<Utc>>) {
         let now = Instant::now();
         self.holder_free_at = match (held, expires_at) {
             (false, _) => Some(now),
             (true, Some(expires_at)) => {
                 let left = (expires_at - Utc::now()).to_std().unwrap_or_default();
-                // A holder far in the future is as good as unknown: poll.
                 now.checked_add(left.saturating_add(TAKEOVER_GRACE))
             }
             (true, None) => None,
         };
     }
 
-    /// The next poll interval: ±20 % jitter, growing by half up to 1 s.
-    fn next_poll(&mut self) -> Duration {
-        let base = self.poll;
-        self.poll = (self.poll * 3 / 2).min(POLL_MAX);
-        base.mul_f64(0.8 + 0.4 * rand::random::<f64>())
+    /// A pause past a server-named window (`Retry-After`, at most
+    /// [`MAX_RETRY_AFTER`]), spread by up to one poll interval.
+    fn spread(&self, retry_after: Option<Duration>) -> Duration {
+        let after = retry_after.map_or(POLL_MIN, |a| a.min(MAX_RETRY_AFTER));
+        let spread = self.poll_interval.min(MAX_RETRY_AFTER);
+        after + spread.mul_f64(rand::random::<f64>())
+    }
+
+    /// The next ramp step: ±20 % jitter, growing by half up to the poll
+    /// interval.
+    fn next_ramp(&mut self) -> Duration {
+        let base = self.ramp;
+        self.ramp = (self.ramp * 3 / 2).min(self.poll_interval);
+        jitter(base)
+    }
+}
+
+/// `d` with ±20 % jitter.
+fn jitter(d: Duration) -> Duration {
+    d.mul_f64(0.8 + 0.4 * rand::random::<f64>())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const S: fn(u64) -> Duration = Duration::from_secs;
+
+    fn answer(status: u16, retry_after: Option<Duration>) -> Error {
+        Error::from_status(crate::ApiError {
+            status: Some(status),
+            code: (status == 409).then(|| crate::codes::LOCK_HELD.to_owned()),
+            message: String::new(),
+            request_id: None,
+            retry_after,
+        })
+    }
+
+    fn retry(step: Step) -> (Duration, Then) {
+        match step {
+            Step::Retry { pause, then } => (pause, then),
+            Step::Stop(err) => panic!("stopped: {err:?}"),
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_known_holder_is_looked_at_at_its_takeover_moment_and_polled_while_far() {
+        let mut waiter = Waiter::new(S(600), S(10));
+        // First conflict: the holder is unknown, look at once.
+        assert_eq!(
+            retry(waiter.after(answer(409, None))),
+            (Duration::ZERO, Then::LookAtHolder)
+        );
+        // Free in 61 s (60 s + the grace): far, so poll for an early release.
+        let expires = Utc::now() + chrono::TimeDelta::seconds(60);
+        let (pause, then) = retry(waiter.looked(Ok((true, Some(expires)))));
+        assert_eq!(then, Then::Acquire);
+        assert!(pause >= S(8) && pause <= S(12), "{pause:?}");
+        // 10 s before the takeover moment: sleep to it, then look.
+        tokio::time::advance(S(51)).await;
+        let (pause, then) = retry(waiter.after(answer(409, None)));
+        assert_eq!(then, Then::LookAtHolder);
+        assert!(pause > S(9) && pause <= S(10), "{pause:?}");
+        // The holder renewed: 15 s more, 16 s with the grace (more than 1.5
+        // poll intervals, so one poll first).
+        tokio::time::advance(pause).await;
+        let expires = Utc::now() + chrono::TimeDelta::seconds(15);
+        let (_, then) = retry(waiter.looked(Ok((true, Some(expires)))));
+        assert_eq!(then, Then::Acquire);
+        // Released: try at once.
+        assert_eq!(
+            retry(waiter.looked(Ok((false, None)))),
+            (Duration::ZERO, Then::Acquire)
+        );
+        // Taken by another right then: look again after a ramp step, not at
+        // once.
+        let (pause, then) = retry(waiter.after(answer(409, None)));
+        assert_eq!(then, Then::LookAtHolder);
+        assert!(pause > Duration::ZERO, "{pause:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_429_waits_out_its_window_plus_a_spread_of_one_poll_interval() {
+        let mut waiter = Waiter::new(S(600), S(10));
+        let pauses: Vec<Duration> = (0..200)
+            .map(|_| retry(waiter.after(answer(429, Some(S(7))))).0)
+            .collect();
+        assert!(
+            pauses.iter().all(|p| *p >= S(7) && *p <= S(17)),
+            "{pauses:?}"
+        );
+        let early = pauses.iter().filter(|p| **p < S(12)).count();
+        assert!(
+            early > 50 && early < 150,
+            "spread, not bunched: {early} of 200"
+        );
+        // A huge Retry-After (a proxy's) is capped at a minute.
+        let (pause, _) = retry(waiter.after(answer(503, Some(S(3_600)))));
+        assert!(pause <= S(70), "{pause:?}");
+        // A look refused with 429 pauses the same way.
+        let (pause, then) = retry(waiter.looked(Err(answer(429, Some(S(7))))));
+        assert!(pause >= S(7), "{pause:?}");
+        assert_eq!(then, Then::Acquire);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_wait_stops_at_its_deadline_with_the_last_conflict() {
+        let mut waiter = Waiter::new(S(5), S(10));
+        let (pause, _) = retry(waiter.after(answer(409, None)));
+        assert_eq!(pause, Duration::ZERO);
+        let expires = Utc::now() + chrono::TimeDelta::seconds(60);
+        let (pause, _) = retry(waiter.looked(Ok((true, Some(expires)))));
+        assert!(pause <= S(5), "never past the deadline: {pause:?}");
+        tokio::time::advance(S(5)).await;
+        match waiter.after(answer(409, None)) {
+            Step::Stop(err) => assert!(err.is_lock_held()),
+            Step::Retry { .. } => panic!("past the deadline"),
+        }
+        assert!(check_poll_interval(Duration::from_millis(99)).is_err());
+        assert!(check_poll_interval(POLL_MIN).is_ok());
     }
 }

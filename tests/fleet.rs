@@ -1,0 +1,135 @@
+//! Fleets share one project's quota (600 lock operations a minute, fixed
+//! window): waiters must not starve holders. Real time, bounded by
+//! `VOLCANO_FLEET_SECS` (default 70: more than one quota window); the
+//! figures in docs/benchmarks.md come from a 300 s run.
+
+mod common;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use volcano::{Client, Error};
+use volcano_mock_server::{MockServer, Operation};
+
+const TTL: Duration = Duration::from_secs(15);
+const QUOTA: u32 = 600;
+
+/// One client per candidate (one process each in a real fleet); every
+/// term's (key, fencing token) goes to `terms`.
+fn candidate(
+    server: &MockServer,
+    key: String,
+    terms: Arc<Mutex<Vec<(String, i64)>>>,
+    stop: tokio::sync::watch::Receiver<bool>,
+) -> tokio::task::JoinHandle<Result<(), Error>> {
+    let client = Client::builder()
+        .service_key(server.service_key())
+        .api_url(server.url())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    tokio::spawn(async move {
+        let mut stop = stop;
+        let result = client
+            .locks()
+            .leader(key.clone(), TTL)
+            .until(async move {
+                let _ = stop.wait_for(|s| *s).await;
+            })
+            .run(move |term| {
+                let (terms, key) = (terms.clone(), key.clone());
+                async move {
+                    terms
+                        .lock()
+                        .unwrap()
+                        .push((key, term.lease().fencing_token()));
+                    std::future::pending::<Result<(), Error>>().await
+                }
+            })
+            .await;
+        let _ = client.shutdown(Duration::from_secs(5)).await;
+        result
+    })
+}
+
+struct Figures {
+    requests_per_min: f64,
+    per_waiter_per_min: f64,
+    refused: usize,
+    refused_renewals: usize,
+    terms: usize,
+}
+
+/// `keys` × `per_key` candidates on one server with the project quota for
+/// `secs`.
+async fn fleet(keys: usize, per_key: usize, secs: u64) -> Figures {
+    let server = MockServer::builder().rate_limit(QUOTA).start().await;
+    let terms = Arc::new(Mutex::new(Vec::new()));
+    let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+    let mut candidates = Vec::new();
+    for k in 0..keys {
+        for _ in 0..per_key {
+            let key = format!("fleet-{k}");
+            candidates.push(candidate(&server, key, terms.clone(), stop_rx.clone()));
+        }
+    }
+    let started = Instant::now();
+    tokio::time::sleep(Duration::from_secs(secs)).await;
+    let elapsed = started.elapsed();
+    let journal = server.requests();
+    stop_tx.send(true).unwrap();
+    for candidate in candidates {
+        let result = candidate.await.unwrap();
+        assert!(result.is_ok(), "a candidate failed: {result:?}");
+    }
+    let minutes = elapsed.as_secs_f64() / 60.0;
+    let renewals = journal
+        .iter()
+        .filter(|r| r.operation == Operation::Renew)
+        .count() as f64;
+    let waiters = (keys * (per_key - 1)) as f64;
+    let terms = terms.lock().unwrap().len();
+    Figures {
+        requests_per_min: journal.len() as f64 / minutes,
+        per_waiter_per_min: (journal.len() as f64 - renewals) / minutes / waiters,
+        refused: journal.iter().filter(|r| r.status == Some(429)).count(),
+        refused_renewals: journal
+            .iter()
+            .filter(|r| r.operation == Operation::Renew && r.status == Some(429))
+            .count(),
+        terms,
+    }
+}
+
+/// 16 leader candidates on one key, and 4 keys × 8 candidates, each on a
+/// project of its own with the service's quota: every leader keeps its
+/// lease for the whole run (one term per key), nothing is refused with
+/// 429, and the project stays under half its quota.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn leader_fleets_stay_under_half_the_quota_and_keep_their_leaders() {
+    let secs: u64 = std::env::var("VOLCANO_FLEET_SECS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(70);
+    let (one, four) = tokio::join!(fleet(1, 16, secs), fleet(4, 8, secs));
+    for (name, keys, figures) in [("16 on 1 key", 1, &one), ("8 on each of 4 keys", 4, &four)] {
+        println!(
+            "fleet {name}: {:.0} requests/min ({:.0} % of the quota), {:.1} per waiter, \
+             {} refused with 429 ({} renewals), {} terms over {secs} s",
+            figures.requests_per_min,
+            100.0 * figures.requests_per_min / f64::from(QUOTA),
+            figures.per_waiter_per_min,
+            figures.refused,
+            figures.refused_renewals,
+            figures.terms,
+        );
+        assert_eq!(figures.terms, keys, "{name}: a leader lost its lease");
+        assert_eq!(figures.refused_renewals, 0, "{name}: renewals refused");
+        assert_eq!(figures.refused, 0, "{name}: requests refused");
+        assert!(
+            figures.requests_per_min < f64::from(QUOTA) / 2.0,
+            "{name}: {:.0} requests/min",
+            figures.requests_per_min
+        );
+    }
+}
