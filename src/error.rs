@@ -379,6 +379,9 @@ pub enum LostReason {
     NoSafeWindow,
     /// The protected code called `mark_lost`.
     Marked,
+    /// The lock reached its `max_hold` time: renewal stopped and the lease
+    /// was released, whatever the protected code was doing.
+    MaxHold,
     /// The scoped lock ended and its lease was released (seen by guard
     /// clones that outlive `with_lock`).
     Released,
@@ -437,6 +440,7 @@ impl fmt::Display for LostReason {
             LostReason::Expired => "lease expired before renewal completed",
             LostReason::NoSafeWindow => "renewal returned no safe lease window",
             LostReason::Marked => "marked lost",
+            LostReason::MaxHold => "held for its max hold time; released",
             LostReason::Released => "the scoped lock ended and was released",
         })
     }

@@ -55,6 +55,7 @@ pub(crate) fn lost(reason: LostReason) {
         LostReason::Expired => "expired",
         LostReason::NoSafeWindow => "no_safe_window",
         LostReason::Marked => "marked",
+        LostReason::MaxHold => "max_hold",
     };
     #[cfg(feature = "metrics")]
     metrics::counter!("volcano_lock_losses_total", "reason" => reason).increment(1);

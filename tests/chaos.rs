@@ -179,6 +179,8 @@ async fn chaos_keeps_mutual_exclusion() {
                         Ok::<_, Error>(())
                     })
                     .wait(Duration::from_secs(2))
+                    // Contention is the point here: try often.
+                    .poll_interval(Duration::from_millis(100))
                     .await;
                 record(
                     &mut tally.lock().unwrap(),

@@ -488,3 +488,43 @@ async fn in_a_terminals_foreground_with_stdin_redirected_the_command_reads_the_t
     assert_eq!(ended.code, Some(0), "{}{}", ended.stdout, ended.stderr);
     assert!(!live(&server, "tty-key"), "released");
 }
+
+/// `--max-hold`: at the cap the command gets SIGTERM, the lock is
+/// released, and the exit code is 9.
+#[tokio::test]
+async fn max_hold_stops_the_command_and_exits_9() {
+    let server = MockServer::start().await;
+    let dir = scratch("max-hold");
+    let mark = dir.join("mark");
+    let child = volcano(
+        &server,
+        &[
+            "--output",
+            "json",
+            "locks",
+            "run",
+            "report",
+            "--ttl",
+            "5",
+            "--max-hold",
+            "1s",
+            "--",
+            "/bin/sh",
+            "-c",
+            &records_sigterm(&mark),
+        ],
+    )
+    .spawn()
+    .unwrap();
+    started(&mark).await;
+    let ended = ended(child).await;
+    assert_eq!(ended.code, Some(9), "{}", ended.stderr);
+    assert_eq!(
+        std::fs::read_to_string(&mark).unwrap_or_default().trim(),
+        "terminated",
+        "the command received SIGTERM"
+    );
+    let summary = ended.summary();
+    assert_eq!(summary["lost"], true);
+    assert!(!live(&server, "report"), "released");
+}

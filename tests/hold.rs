@@ -299,3 +299,100 @@ async fn a_held_lock_dropped_after_its_deadline_reports_the_expiry() {
     assert_eq!(guard.failure().unwrap().reason(), LostReason::Expired);
     assert!(client.shutdown(Duration::from_secs(5)).await.is_empty());
 }
+
+/// At its max hold time a held lock stops renewing and is released by the
+/// SDK, whatever its owner does, and reports `MaxHold`; the release goes
+/// through even when its first answer is lost.
+#[tokio::test]
+async fn max_hold_ends_the_hold_and_releases_the_lease() {
+    let server = MockServer::start().await;
+    let client = mock_client(&server);
+    // Applied, answer dropped: the release is confirmed by trying again.
+    server.inject(Fault::drop_response().on(Operation::Release).times(1));
+    let started = std::time::Instant::now();
+    let held = client
+        .locks()
+        .hold(KEY, TTL)
+        .max_hold(Duration::from_secs(2))
+        .await
+        .unwrap();
+    held.lost().await;
+    let took = started.elapsed();
+    assert!(
+        took >= Duration::from_secs(2) && took < Duration::from_secs(4),
+        "{took:?}"
+    );
+    assert_eq!(held.failure().unwrap().reason(), LostReason::MaxHold);
+    let released = server.wait_for(Operation::Release, 204, Duration::from_secs(5));
+    assert!(released.await.is_some(), "{:?}", server.requests());
+    assert_eq!(held_on_server(&server), None, "released before its ttl");
+    let err = held.release().await.unwrap_err();
+    match err {
+        Error::LockLost(lost) => assert_eq!(lost.reason(), LostReason::MaxHold),
+        other => panic!("{other:?}"),
+    }
+    assert!(client.shutdown(Duration::from_secs(5)).await.is_empty());
+    let err = client
+        .locks()
+        .hold(KEY, TTL)
+        .max_hold(Duration::ZERO)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+}
+
+/// `with_lock(..).max_hold(d).cancel_on_loss()`: a stuck job is stopped at
+/// the cap and the scope returns the loss.
+#[tokio::test]
+async fn max_hold_stops_a_stuck_scope() {
+    let server = MockServer::start().await;
+    let client = mock_client(&server);
+    let err = client
+        .locks()
+        .with_lock(KEY, TTL, |_guard| async {
+            std::future::pending::<Result<(), Error>>().await
+        })
+        .max_hold(Duration::from_secs(1))
+        .cancel_on_loss()
+        .await
+        .unwrap_err();
+    match err {
+        Error::LockLost(lost) => assert_eq!(lost.reason(), LostReason::MaxHold),
+        other => panic!("{other:?}"),
+    }
+    assert_eq!(held_on_server(&server), None);
+}
+
+/// A leader's term lasts at most its max hold time: the term is dropped,
+/// and the candidate leads again in a new term with a higher fence.
+#[tokio::test]
+async fn max_hold_bounds_each_leader_term() {
+    let server = MockServer::start().await;
+    let client = mock_client(&server);
+    let fences = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(
+        client
+            .locks()
+            .leader(KEY, TTL)
+            .max_hold(Duration::from_secs(1))
+            .poll_interval(Duration::from_millis(200))
+            .until(async {
+                let _ = stopped.await;
+            })
+            .run({
+                let fences = fences.clone();
+                move |term| {
+                    fences.lock().unwrap().push(term.lease().fencing_token());
+                    async { std::future::pending::<Result<(), Error>>().await }
+                }
+            }),
+    );
+    let two_terms = eventually(Duration::from_secs(8), || fences.lock().unwrap().len() >= 2);
+    assert!(two_terms.await, "{:?}", fences.lock().unwrap());
+    stop.send(()).unwrap();
+    run.await.unwrap().unwrap();
+    let fences = fences.lock().unwrap().clone();
+    assert!(fences.windows(2).all(|w| w[0] < w[1]), "{fences:?}");
+    assert_eq!(held_on_server(&server), None);
+}

@@ -25,6 +25,7 @@ mod exit {
     pub const UNAVAILABLE: u8 = 6;
     pub const ABORTED: u8 = 7;
     pub const LOST: u8 = 8;
+    pub const MAX_HOLD: u8 = 9;
 }
 
 const AFTER_HELP: &str = "\
@@ -104,6 +105,9 @@ enum Locks {
         /// If the lock is held, keep trying this long, e.g. 30s.
         #[arg(long, value_parser = parse_duration)]
         wait: Option<Duration>,
+        /// While waiting, try for an early release this often (default 10s).
+        #[arg(long, value_parser = parse_duration, requires = "wait")]
+        poll_interval: Option<Duration>,
         /// Print the ownership token (a secret: anyone with it can release the lease).
         #[arg(long)]
         show_token: bool,
@@ -117,11 +121,13 @@ enum Locks {
     /// environment, and not VOLCANO_SERVICE_KEY. If the lock is held, exit 3
     /// without starting CMD (unless --wait). If ownership is lost while CMD
     /// runs, CMD gets SIGTERM, then SIGKILL after --kill-after, and the exit
-    /// code is 8. Without a terminal on standard input CMD leads its own
-    /// process group and signals reach all of it; SIGTERM, SIGINT, SIGHUP
-    /// and SIGQUIT sent to the CLI are passed on (on a terminal, Ctrl-C
-    /// reaches CMD directly and is not passed on again). With --output
-    /// json, one object on the last line of standard output.
+    /// code is 8; when --max-hold ends it, the same, with exit code 9.
+    /// Unless the CLI runs in the foreground of a terminal, CMD leads its
+    /// own process group and signals reach all of it; SIGTERM, SIGINT,
+    /// SIGHUP and SIGQUIT sent to the CLI are passed on (in a terminal's
+    /// foreground, what the terminal sends reaches CMD directly and is not
+    /// passed on again). With --output json, one object on the last line of
+    /// standard output.
     ///
     /// Example (crontab): */5 * * * * volcano locks run nightly-report --ttl 60 -- /opt/report.sh
     Run {
@@ -132,6 +138,13 @@ enum Locks {
         /// If the lock is held, wait this long for it, e.g. 10m.
         #[arg(long, value_parser = parse_duration)]
         wait: Option<Duration>,
+        /// While waiting, try for an early release this often (default 10s).
+        #[arg(long, value_parser = parse_duration, requires = "wait")]
+        poll_interval: Option<Duration>,
+        /// Hold the lock at most this long: then CMD is stopped as on a
+        /// loss, the lock released, and the exit code is 9.
+        #[arg(long, value_parser = parse_duration)]
+        max_hold: Option<Duration>,
         /// Ownership token (a UUID); default: a new one.
         #[arg(long)]
         token: Option<String>,
@@ -280,6 +293,8 @@ async fn execute(cli: Cli) -> Result<Done, Failure> {
         key,
         ttl,
         wait,
+        poll_interval,
+        max_hold,
         token,
         kill_after,
         ids,
@@ -290,6 +305,8 @@ async fn execute(cli: Cli) -> Result<Done, Failure> {
             key,
             ttl,
             wait,
+            poll_interval,
+            max_hold,
             token,
             request_id: ids.request_id,
             kill_after,
@@ -325,6 +342,7 @@ async fn command_value(locks: &volcano::Locks, command: Locks) -> Result<Value, 
             ttl,
             token,
             wait,
+            poll_interval,
             show_token,
             ids,
         } => {
@@ -338,6 +356,9 @@ async fn command_value(locks: &volcano::Locks, command: Locks) -> Result<Value, 
             }
             if let Some(wait) = wait {
                 acquire = acquire.wait(wait);
+            }
+            if let Some(poll) = poll_interval {
+                acquire = acquire.poll_interval(poll);
             }
             let lease = acquire.await?;
             let mut value = lease_json(&lease, show_token);

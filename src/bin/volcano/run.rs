@@ -40,6 +40,8 @@ pub(crate) struct RunArgs {
     pub(crate) key: String,
     pub(crate) ttl: Duration,
     pub(crate) wait: Option<Duration>,
+    pub(crate) poll_interval: Option<Duration>,
+    pub(crate) max_hold: Option<Duration>,
     pub(crate) token: Option<String>,
     pub(crate) request_id: Option<String>,
     pub(crate) kill_after: Duration,
@@ -59,6 +61,8 @@ pub(crate) async fn run(locks: &Locks, args: RunArgs) -> Result<Ran, Failure> {
         key,
         ttl,
         wait,
+        poll_interval,
+        max_hold,
         token,
         request_id,
         kill_after,
@@ -83,6 +87,12 @@ pub(crate) async fn run(locks: &Locks, args: RunArgs) -> Result<Ran, Failure> {
     }
     if let Some(wait) = wait {
         hold = hold.wait(wait);
+    }
+    if let Some(poll) = poll_interval {
+        hold = hold.poll_interval(poll);
+    }
+    if let Some(max_hold) = max_hold {
+        hold = hold.max_hold(max_hold);
     }
     // A signal while waiting for the lock ends the wait. A lease the
     // dropped or failed acquire may have obtained is released: by the
@@ -195,7 +205,11 @@ pub(crate) async fn run(locks: &Locks, args: RunArgs) -> Result<Ran, Failure> {
                 (Some(_), false) => format!("{lost}; the command was sent SIGTERM"),
                 (Some(_), true) => format!("{lost}; the command was sent SIGTERM, then SIGKILL"),
             });
-            exit::LOST
+            if lost.reason() == volcano::LostReason::MaxHold {
+                exit::MAX_HOLD
+            } else {
+                exit::LOST
+            }
         }
         None => shell_code(exit_code, signal),
     };

@@ -23,6 +23,7 @@ use crate::validate;
 ///
 /// A builder, not a future: `.await` it, or call `.send()` for a future
 /// that can be spawned or stored.
+#[derive(Clone)]
 #[must_use = "a held lock is acquired only when this is awaited"]
 pub struct Hold {
     pub(super) locks: Locks,
@@ -31,6 +32,8 @@ pub struct Hold {
     pub(super) token: Owner,
     pub(super) request_id: Option<String>,
     pub(super) wait: Option<Duration>,
+    pub(super) poll_interval: Option<Duration>,
+    pub(super) max_hold: Option<Duration>,
     /// The span the acquire, the renewals and the release run in; by
     /// default a `volcano.hold` span under the caller's.
     pub(super) span: Option<tracing::Span>,
@@ -44,6 +47,8 @@ impl std::fmt::Debug for Hold {
             .field("token", &self.token)
             .field("request_id", &self.request_id)
             .field("wait", &self.wait)
+            .field("poll_interval", &self.poll_interval)
+            .field("max_hold", &self.max_hold)
             .finish_non_exhaustive()
     }
 }
@@ -72,6 +77,8 @@ impl Locks {
             token: Owner::Fresh,
             request_id: None,
             wait: None,
+            poll_interval: None,
+            max_hold: None,
             span: None,
         }
     }
@@ -98,9 +105,44 @@ impl Hold {
         self
     }
 
+    /// How often a wait tries for an early release (see
+    /// [`Acquire::poll_interval`](crate::Acquire::poll_interval)).
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.poll_interval = Some(interval);
+        self
+    }
+
+    /// Holds the lock at most this long from when it was acquired: then
+    /// renewal stops, the lease is released, and the loss is reported as
+    /// [`LostReason::MaxHold`], whatever the protected code is doing (watch
+    /// `lost()`). A stuck job cannot keep the lock forever.
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: volcano::Locks) -> Result<(), volcano::Error> {
+    /// use std::time::Duration;
+    /// let held = locks
+    ///     .hold("report", Duration::from_secs(30))
+    ///     .max_hold(Duration::from_secs(3600))
+    ///     .await?;
+    /// # let _ = held; Ok(()) }
+    /// ```
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.max_hold = Some(max_hold);
+        self
+    }
+
     /// Acquires, renews once at once if the acquire left no time before
     /// the first renewal, and starts the renewal task.
-    pub(super) async fn acquire(self) -> Result<HeldLock> {
+    pub(super) async fn acquire(mut self) -> Result<HeldLock> {
+        // A child of the caller's span: the renewal task and any background
+        // release log under it too, so a job's fields stay on its lock's logs.
+        let span = self.span.take().unwrap_or_else(|| {
+            tracing::info_span!("volcano.hold", key = %self.key, fencing_token = tracing::field::Empty)
+        });
+        self.acquire_in(span.clone()).instrument(span).await
+    }
+
+    async fn acquire_in(self, span: tracing::Span) -> Result<HeldLock> {
         let Hold {
             locks,
             key,
@@ -108,33 +150,20 @@ impl Hold {
             token,
             request_id,
             wait,
-            span,
+            poll_interval,
+            max_hold,
+            span: _,
         } = self;
-        // A child of the caller's span: the renewal task and any background
-        // release log under it too, so a job's fields stay on its lock's logs.
-        let span = span.unwrap_or_else(|| {
-            tracing::info_span!("volcano.hold", key = %key, fencing_token = tracing::field::Empty)
-        });
-        Self::acquire_in(locks, key, ttl, token, request_id, wait, span.clone())
-            .instrument(span)
-            .await
-    }
-
-    async fn acquire_in(
-        locks: Locks,
-        key: String,
-        ttl: Duration,
-        token: Owner,
-        request_id: Option<String>,
-        wait: Option<Duration>,
-        span: tracing::Span,
-    ) -> Result<HeldLock> {
         validate::ttl(ttl)?;
+        if max_hold.is_some_and(|d| d.is_zero()) {
+            return Err(Error::invalid("max_hold must be greater than zero"));
+        }
         let clock = locks.client().lease_clock().clone();
         let mut acquire = locks.acquire(key, ttl);
         // Whoever chose the token, the acquire knows it: that decides
         // whether an uncertain outcome is undone.
         acquire.token = token;
+        acquire.poll_interval = poll_interval;
         if let Some(request_id) = request_id {
             acquire = acquire.request_id(request_id);
         }
@@ -149,7 +178,7 @@ impl Hold {
             fencing_token = acquired.lease.fencing_token(),
             "lock acquired"
         );
-        let state = Arc::new(State::new(acquired, ttl, clock, started));
+        let state = Arc::new(State::new(acquired, ttl, clock, started, max_hold));
         // Armed from here on: dropping this future releases the lease.
         let mut held = HeldLock {
             guard: LockGuard { state },

@@ -9,6 +9,7 @@ use std::time::Duration;
 use tracing::Instrument;
 
 use super::handle::LockGuard;
+use super::held::Hold;
 use crate::error::Error;
 use crate::locks::{Locks, Owner};
 use crate::validate;
@@ -22,6 +23,8 @@ pub struct Leader {
     key: String,
     ttl: Duration,
     until: Option<Signal>,
+    poll_interval: Option<Duration>,
+    max_hold: Option<Duration>,
 }
 
 impl std::fmt::Debug for Leader {
@@ -30,6 +33,8 @@ impl std::fmt::Debug for Leader {
             .field("key", &self.key)
             .field("ttl", &self.ttl)
             .field("until", &self.until.as_ref().map(|_| "..."))
+            .field("poll_interval", &self.poll_interval)
+            .field("max_hold", &self.max_hold)
             .finish()
     }
 }
@@ -90,6 +95,8 @@ impl Locks {
             key: key.into(),
             ttl,
             until: None,
+            poll_interval: None,
+            max_hold: None,
         }
     }
 }
@@ -99,6 +106,24 @@ impl Leader {
     /// `signal` completes, for example on SIGTERM.
     pub fn until(mut self, signal: impl Future<Output = ()> + Send + 'static) -> Self {
         self.until = Some(Box::pin(signal));
+        self
+    }
+
+    /// How often a follower tries for an early release while the leader's
+    /// lease has long to run (default 10 s; see
+    /// [`Acquire::poll_interval`](crate::Acquire::poll_interval)): a leader
+    /// that steps down is replaced within about this long, one that crashed
+    /// within ttl + 1 s. Each follower costs about one `get` per lease
+    /// period plus `60 / interval` acquires a minute.
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.poll_interval = Some(interval);
+        self
+    }
+
+    /// Each term lasts at most this long: then its future is dropped, the
+    /// lease released, and the candidate campaigns again (another may win).
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.max_hold = Some(max_hold);
         self
     }
 
@@ -127,12 +152,17 @@ impl Leader {
             key,
             ttl,
             until,
+            poll_interval,
+            max_hold,
         } = self;
         validate::ttl(ttl)?;
         validate::key(&key)?;
         let until: Signal = until.unwrap_or_else(|| Box::pin(std::future::pending()));
         let mut tokens = Vec::new();
-        let result = campaign_and_lead(&locks, &key, ttl, until, &mut term, &mut tokens).await;
+        let mut campaign = locks.hold(key.clone(), ttl).wait(Duration::MAX);
+        campaign.poll_interval = poll_interval;
+        campaign.max_hold = max_hold;
+        let result = campaign_and_lead(&campaign, until, &mut term, &mut tokens).await;
         // A release under any campaign's token may still be running in the
         // background: an acquire being undone, or a term's release that
         // kept failing. Return only once they have finished (within one
@@ -152,9 +182,7 @@ impl Leader {
 /// The campaign-and-term loop of [`Leader::run`]; every token it uses is
 /// pushed to `tokens`.
 async fn campaign_and_lead<F, Fut, E>(
-    locks: &Locks,
-    key: &str,
-    ttl: Duration,
+    campaign: &Hold,
     mut until: Signal,
     term: &mut F,
     tokens: &mut Vec<String>,
@@ -164,6 +192,7 @@ where
     Fut: Future<Output = std::result::Result<(), E>> + Send,
     E: From<Error> + Send,
 {
+    let key = &campaign.key;
     loop {
         // Campaign: one token for the whole wait; a fresh one per term, so
         // a new term is always a new acquisition with a higher fencing
@@ -179,7 +208,7 @@ where
         // undo before it returns.
         let token = validate::new_uuid();
         tokens.push(token.clone());
-        let mut campaign = locks.hold(key, ttl).wait(Duration::MAX);
+        let mut campaign = campaign.clone();
         campaign.token = Owner::Sdk(token);
         campaign.span = Some(span.clone());
         // The campaign's future is dropped before the arms run: what it may

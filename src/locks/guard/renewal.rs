@@ -10,7 +10,7 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 use super::state::State;
 use super::{REQUEST_BUDGET, SAFETY_MARGIN};
 use crate::error::{Error, LockLost, LostReason};
-use crate::locks::release::is_transient;
+use crate::locks::release::{self, is_transient};
 use crate::locks::Locks;
 use crate::validate;
 
@@ -209,7 +209,7 @@ pub(super) async fn renewal_task(
 ) {
     loop {
         if !state.sleep_while_held(next_at).await {
-            return;
+            break;
         }
         // Each request's timeout ends before the deadline on the runtime's
         // clock, which stands still through a suspend: a jump of the lease
@@ -227,9 +227,20 @@ pub(super) async fn renewal_task(
         .await;
         if let Err(lost) = renewed {
             state.mark(lost);
-            return;
+            break;
         }
         next_at = state.next_renewal_at();
+    }
+    // At its max hold time the lock is let go of now, not when its owner
+    // gets round to it: a release registered with the client.
+    if state.ended_by_max_hold() {
+        tracing::info!(key = %state.key, "max hold time reached; releasing");
+        release::in_background(
+            &locks,
+            state.lease(),
+            state.server_may_hold_for(),
+            "max hold time reached",
+        );
     }
 }
 

@@ -44,6 +44,8 @@ pub(super) struct State {
     pub(super) clock: LeaseClock,
     /// Acquisition start + 90 days: no renewal moves the deadline past it.
     cap: Duration,
+    /// Lease-clock reading at which the lock ends by `max_hold`, if set.
+    max_hold_at: Option<Duration>,
     held: Mutex<Held>,
     pub(super) lost: watch::Sender<bool>,
 }
@@ -51,17 +53,20 @@ pub(super) struct State {
 impl State {
     /// `started`: the lease-clock reading before the acquire's first try
     /// (an earlier try than the one answered may be the one applied).
+    /// `max_hold`: how long from now the lock may be held at most.
     pub(super) fn new(
         acquired: Measured,
         ttl: Duration,
         clock: LeaseClock,
         started: Duration,
+        max_hold: Option<Duration>,
     ) -> Self {
         let cap = started.saturating_add(validate::MAX_TTL);
         State {
             key: acquired.lease.key().to_owned(),
             ttl,
             cap,
+            max_hold_at: max_hold.map(|d| clock.now().saturating_add(d)),
             held: Mutex::new(Held {
                 deadline: deadline(&acquired, ttl, cap),
                 lease: acquired.lease,
@@ -138,8 +143,9 @@ impl State {
         }
     }
 
-    /// Lost, or past the deadline (which records the expiry now). Reads the
-    /// clock itself, so it holds even when no task has run.
+    /// Lost, past the deadline (which records the expiry now), or past the
+    /// max hold time (recorded as such). Reads the clock itself, so it
+    /// holds even when no task has run.
     pub(super) fn check(&self) -> bool {
         let deadline = {
             let held = self.held();
@@ -148,11 +154,32 @@ impl State {
             }
             held.deadline
         };
-        if self.clock.now() >= deadline {
+        let now = self.clock.now();
+        if self
+            .max_hold_at
+            .is_some_and(|at| now >= at && at < deadline)
+        {
+            self.mark(LockLost::new(self.key.clone(), LostReason::MaxHold));
+            return true;
+        }
+        if now >= deadline {
             self.mark(LockLost::new(self.key.clone(), LostReason::Expired));
             return true;
         }
         false
+    }
+
+    /// The lease-clock reading at which the lock ends by itself: its
+    /// deadline, or its max hold time if sooner.
+    fn ends_at(&self) -> Duration {
+        let deadline = self.deadline();
+        self.max_hold_at.map_or(deadline, |at| at.min(deadline))
+    }
+
+    /// Whether the lock ended by its max hold time.
+    pub(super) fn ended_by_max_hold(&self) -> bool {
+        self.failure()
+            .is_some_and(|lost| lost.reason() == LostReason::MaxHold)
     }
 
     /// Records that a renewal is being sent (its outcome unknown until
@@ -214,7 +241,7 @@ impl State {
             if now >= until {
                 return true;
             }
-            let wake = until.min(self.deadline()).saturating_sub(now);
+            let wake = until.min(self.ends_at()).saturating_sub(now);
             let stopwatch = Stopwatch::start();
             tokio::select! {
                 _ = tokio::time::sleep(wake) => self.check_runtime_clock(&stopwatch),
@@ -266,7 +293,9 @@ impl State {
             let stopwatch = Stopwatch::start();
             tokio::select! {
                 _ = lost.changed() => {}
-                _ = tokio::time::sleep(self.remaining()) => self.check_runtime_clock(&stopwatch),
+                _ = tokio::time::sleep(self.ends_at().saturating_sub(self.clock.now())) => {
+                    self.check_runtime_clock(&stopwatch)
+                }
                 _ = jumps.next() => {}
             }
         }
@@ -290,7 +319,13 @@ mod tests {
     fn state(clock: &LeaseClock, ttl: u64) -> State {
         let lease = LockLease::new("k", "t", chrono::Utc::now(), 1);
         let now = clock.now();
-        State::new(measured(&lease, now, None), S(ttl), clock.clone(), now)
+        State::new(
+            measured(&lease, now, None),
+            S(ttl),
+            clock.clone(),
+            now,
+            None,
+        )
     }
 
     #[test]
@@ -326,7 +361,13 @@ mod tests {
         let clock = LeaseClock::adjustable();
         let start = clock.now();
         let lease = LockLease::new("k", "t", chrono::Utc::now(), 1);
-        let state = State::new(measured(&lease, start, None), S(30), clock.clone(), start);
+        let state = State::new(
+            measured(&lease, start, None),
+            S(30),
+            clock.clone(),
+            start,
+            None,
+        );
         clock.advance(S(10));
         let sent_at = clock.now();
         clock.advance(S(2)); // the renewal took 2 s
@@ -359,6 +400,7 @@ mod tests {
             S(30),
             clock.clone(),
             start,
+            None,
         );
         assert_eq!(state.deadline(), start + S(9));
         clock.advance(S(9));
@@ -372,6 +414,7 @@ mod tests {
             S(30),
             clock.clone(),
             start,
+            None,
         );
         assert_eq!(state.deadline(), start + S(30), "never longer than asked");
         let state = State::new(
@@ -379,6 +422,7 @@ mod tests {
             S(30),
             clock,
             start,
+            None,
         );
         assert!(state.check(), "an already expired grant is lost at once");
     }

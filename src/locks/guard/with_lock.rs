@@ -183,6 +183,22 @@ impl<F, E> WithLock<'_, F, E> {
         self
     }
 
+    /// How often a wait tries for an early release (see
+    /// [`Acquire::poll_interval`](crate::Acquire::poll_interval)).
+    pub fn poll_interval(mut self, interval: Duration) -> Self {
+        self.hold = self.hold.poll_interval(interval);
+        self
+    }
+
+    /// Holds the lock at most this long (see
+    /// [`Hold::max_hold`](crate::Hold::max_hold)); `f` then sees the loss
+    /// (`LostReason::MaxHold`), and with [`WithLock::cancel_on_loss`] is
+    /// stopped.
+    pub fn max_hold(mut self, max_hold: Duration) -> Self {
+        self.hold = self.hold.max_hold(max_hold);
+        self
+    }
+
     /// Stop `f` at its next await point once ownership is lost, and return
     /// `Error::LockLost`.
     pub fn cancel_on_loss(mut self) -> Self {
@@ -206,6 +222,18 @@ impl<F, E> TryWithLock<'_, F, E> {
     /// (`Ok(None)`).
     pub fn wait(self, timeout: Duration) -> Self {
         TryWithLock(self.0.wait(timeout))
+    }
+
+    /// How often a wait tries for an early release (see
+    /// [`Acquire::poll_interval`](crate::Acquire::poll_interval)).
+    pub fn poll_interval(self, interval: Duration) -> Self {
+        TryWithLock(self.0.poll_interval(interval))
+    }
+
+    /// Holds the lock at most this long (see
+    /// [`Hold::max_hold`](crate::Hold::max_hold)).
+    pub fn max_hold(self, max_hold: Duration) -> Self {
+        TryWithLock(self.0.max_hold(max_hold))
     }
 
     /// Stop `f` at its next await point once ownership is lost, and return
@@ -371,7 +399,7 @@ where
 
 /// Runs a future, turning a panic in it into a value so that the lease can
 /// be released before the panic continues.
-struct CatchUnwind<F>(Pin<Box<F>>);
+pub(super) struct CatchUnwind<F>(pub(super) Pin<Box<F>>);
 
 impl<F: Future> Future for CatchUnwind<F> {
     type Output = std::result::Result<F::Output, Box<dyn Any + Send>>;
