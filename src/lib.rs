@@ -30,6 +30,7 @@
 //! ```
 //!
 //! Also: [`Locks::hold`] for a lock kept in a struct ([`HeldLock`]),
+//! [`Locks::hold_all`] and [`Locks::with_locks`] for several keys at once,
 //! [`Locks::leader`] for leader election, and the single requests
 //! ([`Locks::acquire`], `renew`, `get`, `release`, `force_release`) for
 //! full control. Each returns a builder: `.await` it, or call `.send()` for
@@ -71,8 +72,8 @@ pub use error::{
 };
 pub use locks::lease::{LockLease, LockState};
 pub use locks::{
-    Acquire, ForceRelease, Get, HeldLock, Hold, Leader, LeaseClock, LockGuard, Locks, Release,
-    Renew, TryWithLock, WithLock,
+    Acquire, ForceRelease, Get, HeldLock, HeldLocks, Hold, HoldAll, Leader, LeaseClock, LockGuard,
+    LockSet, Locks, Release, Renew, TryWithLock, WithLock, WithLocks,
 };
 pub use validate::{MAX_TTL, MIN_TTL};
 
@@ -84,6 +85,8 @@ const _: () = {
     send_sync_static::<Locks>();
     send_sync_static::<LockGuard>();
     send_sync_static::<HeldLock>();
+    send_sync_static::<HeldLocks>();
+    send_sync_static::<LockSet>();
     send_sync_static::<LockLease>();
 };
 

@@ -254,5 +254,8 @@ mod wait;
 pub use acquire::Acquire;
 pub(crate) use acquire::{Measured, Owner};
 pub use clock::LeaseClock;
-pub use guard::{HeldLock, Hold, Leader, LockGuard, TryWithLock, WithLock};
+pub use guard::{
+    HeldLock, HeldLocks, Hold, HoldAll, Leader, LockGuard, LockSet, TryWithLock, WithLock,
+    WithLocks,
+};
 pub use requests::{ForceRelease, Get, Release, Renew};

@@ -17,12 +17,14 @@
 //! signal), [`renewal`] (the background renewal task), [`handle`] (the
 //! [`LockGuard`] a closure gets), [`held`] (`hold` and [`HeldLock`], which
 //! own the renewal and the duty to release), [`with_lock`] (a closure run
-//! while a `HeldLock` is held) and [`leader`] (terms run while elected).
+//! while a `HeldLock` is held), [`set`] (several keys, all or nothing) and
+//! [`leader`] (terms run while elected).
 
 mod handle;
 mod held;
 mod leader;
 mod renewal;
+mod set;
 mod state;
 mod with_lock;
 
@@ -31,6 +33,7 @@ use std::time::Duration;
 pub use handle::LockGuard;
 pub use held::{HeldLock, Hold};
 pub use leader::Leader;
+pub use set::{HeldLocks, HoldAll, LockSet, WithLocks};
 pub use with_lock::{TryWithLock, WithLock};
 
 /// The server needs a renewal more than this long before expiry.
