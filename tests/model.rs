@@ -1,5 +1,6 @@
 //! Model test of ambiguity: random programs of acquire, waiting acquire,
-//! with_lock, hold (released or dropped), leader election (stepping down
+//! with_lock, hold (released or dropped, some with a max hold time),
+//! hold_all of both keys, leader election (stepping down
 //! on `until`, or ending its term), renew and release, each possibly
 //! cancelled at a random point,
 //! run concurrently against the mock server while it delays answers after
@@ -30,6 +31,8 @@ use volcano_mock_server::{Fault, MockServer, Operation};
 
 const KEYS: [&str; 2] = ["model-a", "model-b"];
 const TTL: Duration = Duration::from_secs(5);
+/// Waits try often: the programs are short, and contention is the point.
+const POLL: Duration = Duration::from_millis(100);
 /// Short, so that held answers turn into client time-outs.
 const CLIENT_TIMEOUT: Duration = Duration::from_millis(400);
 
@@ -54,6 +57,15 @@ enum Call {
     /// token is the SDK's: never named, so a lease left behind is a leak.
     Hold {
         key: usize,
+        hold_ms: u64,
+        wait_ms: Option<u64>,
+        max_hold_ms: Option<u64>,
+        drop: bool,
+    },
+    /// `hold_all` of both keys (in either order), kept `hold_ms`, then
+    /// released or dropped: held whole or not at all.
+    HoldAll {
+        reversed: bool,
         hold_ms: u64,
         wait_ms: Option<u64>,
         drop: bool,
@@ -121,8 +133,27 @@ fn calls() -> impl Strategy<Value = Call> {
                 hold_ms,
                 wait_ms
             }),
-        2 => (0..KEYS.len(), 0u64..600, prop::option::of(0u64..600), any::<bool>())
-            .prop_map(|(key, hold_ms, wait_ms, drop)| Call::Hold { key, hold_ms, wait_ms, drop }),
+        2 => (
+            0..KEYS.len(),
+            0u64..600,
+            prop::option::of(0u64..600),
+            prop::option::weighted(0.3, 50u64..500),
+            any::<bool>(),
+        )
+            .prop_map(|(key, hold_ms, wait_ms, max_hold_ms, drop)| Call::Hold {
+                key,
+                hold_ms,
+                wait_ms,
+                max_hold_ms,
+                drop
+            }),
+        1 => (any::<bool>(), 0u64..400, prop::option::of(0u64..600), any::<bool>())
+            .prop_map(|(reversed, hold_ms, wait_ms, drop)| Call::HoldAll {
+                reversed,
+                hold_ms,
+                wait_ms,
+                drop
+            }),
         2 => (0..KEYS.len(), 0u64..1_500, 0u64..900)
             .prop_map(|(key, until_ms, term_ms)| Call::Leader { key, until_ms, term_ms }),
         1 => Just(Call::Renew),
@@ -266,7 +297,9 @@ async fn run_call(call: Call, client: Client, server: Arc<MockServer>, world: Ar
                 acquire = acquire.token(token);
             }
             if let Call::Wait { wait_ms, .. } = call {
-                acquire = acquire.wait(Duration::from_millis(wait_ms));
+                acquire = acquire
+                    .wait(Duration::from_millis(wait_ms))
+                    .poll_interval(POLL);
             }
             match acquire.await {
                 Ok(lease) => {
@@ -307,7 +340,7 @@ async fn run_call(call: Call, client: Client, server: Arc<MockServer>, world: Ar
                 scope = scope.token(token);
             }
             if let Some(ms) = wait_ms {
-                scope = scope.wait(Duration::from_millis(ms));
+                scope = scope.wait(Duration::from_millis(ms)).poll_interval(POLL);
             }
             if let Err(Error::Conflict(api)) = scope.await {
                 if api.code() == Some(volcano::codes::OWNERSHIP_LOST) {
@@ -317,16 +350,55 @@ async fn run_call(call: Call, client: Client, server: Arc<MockServer>, world: Ar
                 }
             }
         }
+        Call::HoldAll {
+            reversed,
+            hold_ms,
+            wait_ms,
+            drop,
+        } => {
+            let mut keys = KEYS;
+            if reversed {
+                keys.reverse();
+            }
+            let mut all = locks.hold_all(keys, TTL);
+            if let Some(ms) = wait_ms {
+                all = all.wait(Duration::from_millis(ms)).poll_interval(POLL);
+            }
+            let Ok(set) = all.await else {
+                return;
+            };
+            let guards: Vec<volcano::LockGuard> =
+                KEYS.iter().filter_map(|k| set.guard(k).cloned()).collect();
+            if guards.len() != KEYS.len() {
+                world.violation(format!("hold_all handed over a partial set: {set:?}"));
+            }
+            let until = tokio::time::Instant::now() + Duration::from_millis(hold_ms);
+            while tokio::time::Instant::now() < until && !set.is_lost() {
+                for guard in &guards {
+                    check_belief(&server, &world, guard, "set member");
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            if drop {
+                std::mem::drop(set);
+            } else {
+                let _ = set.release().await;
+            }
+        }
         Call::Hold {
             key,
             hold_ms,
             wait_ms,
+            max_hold_ms,
             drop,
         } => {
             let key = KEYS[key];
             let mut hold = locks.hold(key, TTL);
             if let Some(ms) = wait_ms {
-                hold = hold.wait(Duration::from_millis(ms));
+                hold = hold.wait(Duration::from_millis(ms)).poll_interval(POLL);
+            }
+            if let Some(ms) = max_hold_ms {
+                hold = hold.max_hold(Duration::from_millis(ms));
             }
             let Ok(held) = hold.await else {
                 return;
@@ -352,6 +424,7 @@ async fn run_call(call: Call, client: Client, server: Arc<MockServer>, world: Ar
             let until = tokio::time::sleep(Duration::from_millis(until_ms));
             let _ = locks
                 .leader(key, TTL)
+                .poll_interval(POLL)
                 .until(until)
                 .run(move |term| {
                     let (server, world) = (server.clone(), world.clone());
