@@ -24,8 +24,9 @@ pub(crate) trait Operation {
     const ON_LEASE: bool;
     /// Whether a success carries a JSON object to decode.
     const HAS_BODY: bool;
-    /// Whether a success's `Date` header is read (to time a lease). Every
-    /// operation says, so that a new one cannot miss it by default.
+    /// Whether a success's `Date` header is read (to time a lease, or a
+    /// holder's for a waiter). Every operation says, so that a new one
+    /// cannot miss it by default.
     const NEEDS_DATE: bool;
     /// Attempts of one call: acquire is idempotent for one token, so it is
     /// sent once more after a failure that left ownership undecided.
@@ -137,7 +138,8 @@ impl Operation for Get<'_> {
     const SUCCESS: StatusCode = StatusCode::OK;
     const ON_LEASE: bool = false;
     const HAS_BODY: bool = true;
-    const NEEDS_DATE: bool = false;
+    // A waiter reads the holder's time left on the server's clock.
+    const NEEDS_DATE: bool = true;
 
     fn key(&self) -> &str {
         self.key

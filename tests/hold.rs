@@ -396,3 +396,41 @@ async fn max_hold_bounds_each_leader_term() {
     assert!(fences.windows(2).all(|w| w[0] < w[1]), "{fences:?}");
     assert_eq!(held_on_server(&server), None);
 }
+
+/// The cap's release is registered before anyone can see the loss: an
+/// acquire with the same (caller's) token right after `lost()` supersedes
+/// it, and the lease it recovers is not freed behind its back.
+#[tokio::test]
+async fn a_lease_recovered_with_its_token_right_after_the_cap_stays_held() {
+    let server = MockServer::start().await;
+    let client = mock_client(&server);
+    // The cap's release is slow to arrive: a race would show.
+    server.inject(
+        Fault::delay(Duration::from_millis(300))
+            .on(Operation::Release)
+            .times(1),
+    );
+    let token = uuid::Uuid::new_v4().to_string();
+    let held = client
+        .locks()
+        .hold(KEY, TTL)
+        .token(&token)
+        .max_hold(Duration::from_secs(1))
+        .await
+        .unwrap();
+    held.lost().await;
+    let lease = client
+        .locks()
+        .acquire(KEY, TTL)
+        .token(&token)
+        .await
+        .unwrap();
+    assert!(client.shutdown(Duration::from_secs(5)).await.is_empty());
+    assert_eq!(
+        held_on_server(&server),
+        Some(lease.fencing_token()),
+        "the recovered lease is live"
+    );
+    client.locks().release(&lease).await.unwrap();
+    drop(held);
+}

@@ -29,9 +29,11 @@ fn live_keys(server: &MockServer) -> Vec<String> {
 async fn a_set_is_deduplicated_sorted_held_and_released_whole() {
     let server = MockServer::start().await;
     let client = mock_client(&server);
+    // Long enough that no renewal enters the request count below.
+    let ttl = Duration::from_secs(60);
     let set = client
         .locks()
-        .hold_all(["c", "a", "b", "a"], TTL)
+        .hold_all(["c", "a", "b", "a"], ttl)
         .await
         .unwrap();
     assert_eq!(set.keys().collect::<Vec<_>>(), ["a", "b", "c"]);
@@ -52,9 +54,9 @@ async fn a_set_is_deduplicated_sorted_held_and_released_whole() {
     set.release().await.unwrap();
     assert!(live_keys(&server).is_empty());
 
-    let err = client.locks().hold_all(Vec::<String>::new(), TTL).await;
+    let err = client.locks().hold_all(Vec::<String>::new(), ttl).await;
     assert!(matches!(err, Err(Error::InvalidArgument(_))), "{err:?}");
-    let err = client.locks().hold_all(["ok", "not ok"], TTL).await;
+    let err = client.locks().hold_all(["ok", "not ok"], ttl).await;
     assert!(matches!(err, Err(Error::InvalidArgument(_))), "{err:?}");
     assert_eq!(server.requests().len(), 6, "nothing sent for bad input");
 }

@@ -54,8 +54,11 @@ async fn a_waiter_acquires_right_after_the_holder_releases() {
     let delay = acquired - released;
     eprintln!("release-to-acquire delay: {delay:?}");
     assert!(lease.fencing_token() > holder.fencing_token());
-    // Within one poll interval (500 ms ±20 %) and a round trip.
-    assert!(delay < Duration::from_secs(1), "picked up after {delay:?}");
+    // Within about one poll interval (500 ms ±20 %) and a few round trips.
+    assert!(
+        delay < Duration::from_millis(1_500),
+        "picked up after {delay:?}"
+    );
 }
 
 #[tokio::test]
@@ -200,6 +203,7 @@ async fn a_waiter_stays_within_its_request_budget() {
 
 #[tokio::test]
 async fn a_waiter_honours_the_quota_without_overshooting_its_timeout() {
+    let started_minute = chrono::Utc::now().timestamp() / 60;
     let server = MockServer::builder().rate_limit(4).start().await;
     let locks = mock_client(&server).locks();
     let _holder = locks.acquire("job", Duration::from_secs(60)).await.unwrap();
@@ -221,8 +225,11 @@ async fn a_waiter_honours_the_quota_without_overshooting_its_timeout() {
         "{:?}",
         started.elapsed()
     );
+    // The mock's quota window is the wall-clock minute: a run that
+    // crossed into the next one may not have hit it.
+    let crossed = started_minute != chrono::Utc::now().timestamp() / 60;
     assert!(
-        count(&server, Operation::Acquire, Some(429)) >= 1,
+        crossed || count(&server, Operation::Acquire, Some(429)) >= 1,
         "the quota was hit"
     );
 }
@@ -347,6 +354,8 @@ async fn a_waiter_honours_retry_after_on_a_503() {
         .locks()
         .acquire("report", TTL)
         .wait(Duration::from_secs(10))
+        // Retry-After plus up to one poll interval of spread.
+        .poll_interval(Duration::from_millis(500))
         .await
         .unwrap();
     // The try (sent twice: acquire's own retry on a 503) then the wait.
@@ -357,4 +366,50 @@ async fn a_waiter_honours_retry_after_on_a_503() {
     );
     assert_eq!(common::received(&wire).await.len(), 3);
     client.locks().release(&lease).await.unwrap();
+}
+
+/// The holder's time left is read on the server's clock (`expires_at`
+/// minus the answer's `Date`), not this machine's: a server clock an hour
+/// behind ours does not make the waiter look every second.
+#[tokio::test]
+async fn a_waiter_reads_the_holders_time_left_on_the_servers_clock() {
+    use wiremock::matchers::method;
+    use wiremock::{Mock, ResponseTemplate};
+    let wire = common::server().await;
+    let server_now = chrono::Utc::now() - chrono::TimeDelta::hours(1);
+    Mock::given(method("POST"))
+        .respond_with(common::error_body(409, "Lock is held", Some("lock_held")))
+        .mount(&wire)
+        .await;
+    Mock::given(method("GET"))
+        .respond_with(
+            ResponseTemplate::new(200)
+                .insert_header(
+                    "date",
+                    server_now
+                        .format("%a, %d %b %Y %H:%M:%S GMT")
+                        .to_string()
+                        .as_str(),
+                )
+                .set_body_json(serde_json::json!({
+                    "held": true,
+                    "expires_at": (server_now + chrono::TimeDelta::seconds(30)).to_rfc3339(),
+                    "fencing_token": 4,
+                })),
+        )
+        .mount(&wire)
+        .await;
+    let err = common::client(&wire.uri())
+        .locks()
+        .acquire("report", TTL)
+        .wait(Duration::from_secs(3))
+        .await
+        .unwrap_err();
+    assert!(err.is_lock_held(), "{err:?}");
+    let gets = common::received(&wire)
+        .await
+        .iter()
+        .filter(|r| r.method.as_str() == "GET")
+        .count();
+    assert_eq!(gets, 1, "30 s left by the server's clock: one look");
 }

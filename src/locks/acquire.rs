@@ -337,8 +337,12 @@ impl Acquire {
                 wait::Then::LookAtHolder => {
                     let limit = waiter.remaining().min(self.common.locks.client.timeout());
                     let get = self.common.locks.get(self.key.clone()).timeout(limit);
-                    let state = get.await.map(|s| (s.held(), s.expires_at()));
-                    waiter.looked(state)
+                    let holder = get.send_dated().await.map(|(state, date)| wait::Holder {
+                        held: state.held(),
+                        expires_at: state.expires_at(),
+                        date,
+                    });
+                    waiter.looked(holder)
                 }
             };
             let pause = match step {

@@ -62,7 +62,16 @@ pub struct Get {
 common_methods!(Get => LockState);
 
 impl Get {
-    async fn execute(mut self) -> Result<LockState> {
+    async fn execute(self) -> Result<LockState> {
+        self.send_dated().await.map(|(state, _)| state)
+    }
+
+    /// The state, and the answer's `Date` (the server's clock), from which
+    /// a waiter reads how long the holder has left without comparing
+    /// clocks.
+    pub(crate) async fn send_dated(
+        mut self,
+    ) -> Result<(LockState, Option<chrono::DateTime<chrono::Utc>>)> {
         validate::key(&self.key)?;
         self.common.check_timeout()?;
         let request_id = self.common.request_id()?;
@@ -71,7 +80,7 @@ impl Get {
             .common
             .send(&op, &request_id, Default::default())
             .await?;
-        Ok(answer.value)
+        Ok((answer.value, answer.date))
     }
 }
 

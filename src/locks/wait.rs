@@ -37,6 +37,23 @@ pub(crate) const POLL_MIN: Duration = Duration::from_millis(100);
 /// The default poll interval for an early release: waiters on a key with a
 /// 15 s ttl send about 6.5 requests a minute each (docs/benchmarks.md).
 pub(crate) const DEFAULT_POLL: Duration = Duration::from_secs(10);
+/// What a look at the holder (`get`) found.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Holder {
+    pub(crate) held: bool,
+    pub(crate) expires_at: Option<chrono::DateTime<Utc>>,
+    /// The answer's `Date`: the server's clock when it answered.
+    pub(crate) date: Option<chrono::DateTime<Utc>>,
+}
+
+/// A look comes this long after the takeover moment (the server's grace
+/// ends exactly there), plus up to [`LOOK_SPREAD`].
+const LOOK_AFTER: Duration = Duration::from_millis(100);
+const LOOK_SPREAD: Duration = Duration::from_millis(500);
+/// The longest poll interval used: a larger one (`Duration::MAX` for "do
+/// not poll") polls once a day.
+const MAX_POLL: Duration = Duration::from_secs(86_400);
+
 /// Checks a caller's poll interval.
 pub(crate) fn check_poll_interval(poll: Duration) -> crate::error::Result<()> {
     if poll < POLL_MIN {
@@ -108,8 +125,8 @@ impl Waiter {
     pub(crate) fn new(timeout: Duration, poll_interval: Duration) -> Self {
         Waiter {
             deadline: Instant::now().checked_add(timeout),
-            poll_interval,
-            ramp: POLL_MIN.min(poll_interval),
+            poll_interval: poll_interval.min(MAX_POLL),
+            ramp: POLL_MIN.min(poll_interval.min(MAX_POLL)),
             holder_free_at: None,
             last_conflict: None,
             last_other: None,
@@ -184,14 +201,15 @@ impl Waiter {
     /// Decides what follows a look at the holder: what `get` said (held,
     /// and until when), or the error it failed with (which never ends the
     /// wait: the tries decide).
-    pub(crate) fn looked(
-        &mut self,
-        state: Result<(bool, Option<chrono::DateTime<Utc>>), Error>,
-    ) -> Step {
+    pub(crate) fn looked(&mut self, state: Result<Holder, Error>) -> Step {
         self.looked = true;
         let step = match state {
-            Ok((held, expires_at)) => {
-                self.holder(held, expires_at);
+            Ok(Holder {
+                held,
+                expires_at,
+                date,
+            }) => {
+                self.holder(held, expires_at, date);
                 match self.toward_the_holder() {
                     Some(step) => step,
                     // Free now: try at once.
@@ -249,15 +267,26 @@ impl Waiter {
     }
 
     /// Records what `get` said about the holder: when its lease can be
-    /// taken over, as a local instant. Clock skew only costs a look. Held
+    /// taken over, as a local instant. The time left is read on the
+    /// server's clock alone (`expires_at` minus the answer's `Date`), so
+    /// skew between the clocks does not enter; only without a `Date` is
+    /// this machine's clock used. The look comes a moment after the grace,
+    /// spread a little so that a fleet does not look in one burst. Held
     /// with no expiry (or one too far ahead to represent) is unknown.
-    fn holder(&mut self, held: bool, expires_at: Option<chrono::DateTime<Utc>>) {
+    fn holder(
+        &mut self,
+        held: bool,
+        expires_at: Option<chrono::DateTime<Utc>>,
+        date: Option<chrono::DateTime<Utc>>,
+    ) {
         let now = Instant::now();
         self.holder_free_at = match (held, expires_at) {
             (false, _) => Some(now),
             (true, Some(expires_at)) => {
-                let left = (expires_at - Utc::now()).to_std().unwrap_or_default();
-                now.checked_add(left.saturating_add(TAKEOVER_GRACE))
+                let server_now = date.unwrap_or_else(Utc::now);
+                let left = (expires_at - server_now).to_std().unwrap_or_default();
+                let spread = LOOK_SPREAD.mul_f64(rand::random::<f64>());
+                now.checked_add(left.saturating_add(TAKEOVER_GRACE + LOOK_AFTER + spread))
             }
             (true, None) => None,
         };
@@ -301,6 +330,14 @@ mod tests {
         })
     }
 
+    fn holder(held: bool, expires_at: Option<chrono::DateTime<Utc>>) -> Holder {
+        Holder {
+            held,
+            expires_at,
+            date: Some(Utc::now()),
+        }
+    }
+
     fn retry(step: Step) -> (Duration, Then) {
         match step {
             Step::Retry { pause, then } => (pause, then),
@@ -318,23 +355,25 @@ mod tests {
         );
         // Free in 61 s (60 s + the grace): far, so poll for an early release.
         let expires = Utc::now() + chrono::TimeDelta::seconds(60);
-        let (pause, then) = retry(waiter.looked(Ok((true, Some(expires)))));
+        let (pause, then) = retry(waiter.looked(Ok(holder(true, Some(expires)))));
         assert_eq!(then, Then::Acquire);
         assert!(pause >= S(8) && pause <= S(12), "{pause:?}");
-        // 10 s before the takeover moment: sleep to it, then look.
+        // 10 s before the takeover moment: sleep to it (and a moment after,
+        // up to 0.6 s), then look.
         tokio::time::advance(S(51)).await;
         let (pause, then) = retry(waiter.after(answer(409, None)));
         assert_eq!(then, Then::LookAtHolder);
-        assert!(pause > S(9) && pause <= S(10), "{pause:?}");
+        let (low, high) = (Duration::from_millis(9_900), Duration::from_millis(10_700));
+        assert!(pause >= low && pause <= high, "{pause:?}");
         // The holder renewed: 15 s more, 16 s with the grace (more than 1.5
         // poll intervals, so one poll first).
         tokio::time::advance(pause).await;
         let expires = Utc::now() + chrono::TimeDelta::seconds(15);
-        let (_, then) = retry(waiter.looked(Ok((true, Some(expires)))));
+        let (_, then) = retry(waiter.looked(Ok(holder(true, Some(expires)))));
         assert_eq!(then, Then::Acquire);
         // Released: try at once.
         assert_eq!(
-            retry(waiter.looked(Ok((false, None)))),
+            retry(waiter.looked(Ok(holder(false, None)))),
             (Duration::ZERO, Then::Acquire)
         );
         // Taken by another right then: look again after a ramp step, not at
@@ -374,7 +413,7 @@ mod tests {
         let (pause, _) = retry(waiter.after(answer(409, None)));
         assert_eq!(pause, Duration::ZERO);
         let expires = Utc::now() + chrono::TimeDelta::seconds(60);
-        let (pause, _) = retry(waiter.looked(Ok((true, Some(expires)))));
+        let (pause, _) = retry(waiter.looked(Ok(holder(true, Some(expires)))));
         assert!(pause <= S(5), "never past the deadline: {pause:?}");
         tokio::time::advance(S(5)).await;
         match waiter.after(answer(409, None)) {

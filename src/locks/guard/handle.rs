@@ -51,9 +51,13 @@ impl LockGuard {
         self.state.ttl
     }
 
-    /// Time left before the local deadline (zero once lost to expiry).
+    /// Time left before the lock ends by itself: its local deadline, or its
+    /// max hold time if sooner. Zero once lost.
     pub fn remaining(&self) -> Duration {
-        self.state.remaining()
+        if self.state.check() {
+            return Duration::ZERO;
+        }
+        self.state.ends_at().saturating_sub(self.state.clock.now())
     }
 
     /// True once ownership is lost. Also true the moment the local deadline

@@ -13,11 +13,15 @@ use tracing::Instrument;
 
 use super::handle::LockGuard;
 use super::renewal::{renew_in_window, renewal_task, LiveRenewal};
-use super::state::State;
+use super::state::{MaxHold, State};
 use crate::error::{Error, LockLost, LostReason, Result};
 use crate::locks::release::{self, is_transient};
 use crate::locks::{BoxFuture, Locks, Owner};
 use crate::validate;
+
+/// The shortest `max_hold`: a cap that ends a hold as soon as it begins
+/// would only churn the lock.
+const MIN_MAX_HOLD: Duration = Duration::from_secs(1);
 
 /// `locks.hold(key, ttl)`; see [`Locks::hold`].
 ///
@@ -115,7 +119,7 @@ impl Hold {
     /// Holds the lock at most this long from when it was acquired: then
     /// renewal stops, the lease is released, and the loss is reported as
     /// [`LostReason::MaxHold`], whatever the protected code is doing (watch
-    /// `lost()`). A stuck job cannot keep the lock forever.
+    /// `lost()`). A stuck job cannot keep the lock forever. At least 1 s.
     ///
     /// ```no_run
     /// # async fn demo(locks: volcano::Locks) -> Result<(), volcano::Error> {
@@ -155,8 +159,8 @@ impl Hold {
             span: _,
         } = self;
         validate::ttl(ttl)?;
-        if max_hold.is_some_and(|d| d.is_zero()) {
-            return Err(Error::invalid("max_hold must be greater than zero"));
+        if max_hold.is_some_and(|d| d < MIN_MAX_HOLD) {
+            return Err(Error::invalid("max_hold must be at least 1 s"));
         }
         let clock = locks.client().lease_clock().clone();
         let mut acquire = locks.acquire(key, ttl);
@@ -178,7 +182,8 @@ impl Hold {
             fencing_token = acquired.lease.fencing_token(),
             "lock acquired"
         );
-        let state = Arc::new(State::new(acquired, ttl, clock, started, max_hold));
+        let cap = max_hold.map(|d| MaxHold::after(d, clock.now(), &locks));
+        let state = Arc::new(State::new(acquired, ttl, clock, started, cap));
         // Armed from here on: dropping this future releases the lease.
         let mut held = HeldLock {
             guard: LockGuard { state },

@@ -10,7 +10,8 @@ use tracing::Instrument;
 
 use super::handle::LockGuard;
 use super::held::Hold;
-use crate::error::Error;
+use crate::error::{Error, LostReason};
+use crate::locks::wait::DEFAULT_POLL;
 use crate::locks::{Locks, Owner};
 use crate::validate;
 
@@ -208,15 +209,15 @@ where
         // undo before it returns.
         let token = validate::new_uuid();
         tokens.push(token.clone());
-        let mut campaign = campaign.clone();
-        campaign.token = Owner::Sdk(token);
-        campaign.span = Some(span.clone());
+        let mut this = campaign.clone();
+        this.token = Owner::Sdk(token);
+        this.span = Some(span.clone());
         // The campaign's future is dropped before the arms run: what it may
         // have obtained is then being released in the background.
         let campaigned = tokio::select! {
             biased;
             _ = &mut until => return Ok(()),
-            held = campaign => held,
+            held = this => held,
         };
         let held = match campaigned {
             Ok(held) => held,
@@ -241,8 +242,21 @@ where
         let (_, released) = held.finish().await;
         match end {
             TermEnd::Lost => {
-                let reason = guard.failure().map(|l| l.to_string());
+                let lost = guard.failure();
+                let reason = lost.as_ref().map(|l| l.to_string());
                 tracing::warn!(key = %key, fencing_token, reason, "leadership lost; campaigning again");
+                // A term ended by its cap gives the others a chance: they
+                // try every poll interval, so wait about one before
+                // campaigning again (or step down meanwhile).
+                if lost.is_some_and(|l| l.reason() == LostReason::MaxHold) {
+                    let poll = campaign.poll_interval.unwrap_or(DEFAULT_POLL);
+                    let pause = poll.mul_f64(1.0 + 0.2 * rand::random::<f64>());
+                    tokio::select! {
+                        biased;
+                        _ = &mut until => return released.map_err(E::from),
+                        _ = tokio::time::sleep(pause) => {}
+                    }
+                }
             }
             TermEnd::Resigned => {
                 tracing::info!(key = %key, fencing_token, "resigned leadership");

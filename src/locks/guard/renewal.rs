@@ -10,7 +10,7 @@ use backon::{BackoffBuilder, ExponentialBuilder};
 use super::state::State;
 use super::{REQUEST_BUDGET, SAFETY_MARGIN};
 use crate::error::{Error, LockLost, LostReason};
-use crate::locks::release::{self, is_transient};
+use crate::locks::release::is_transient;
 use crate::locks::Locks;
 use crate::validate;
 
@@ -230,17 +230,6 @@ pub(super) async fn renewal_task(
             break;
         }
         next_at = state.next_renewal_at();
-    }
-    // At its max hold time the lock is let go of now, not when its owner
-    // gets round to it: a release registered with the client.
-    if state.ended_by_max_hold() {
-        tracing::info!(key = %state.key, "max hold time reached; releasing");
-        release::in_background(
-            &locks,
-            state.lease(),
-            state.server_may_hold_for(),
-            "max hold time reached",
-        );
     }
 }
 

@@ -11,7 +11,7 @@ use super::{REQUEST_BUDGET, SAFETY_MARGIN};
 use crate::error::{LockLost, LostReason};
 use crate::locks::clock::{Jumps, LeaseClock};
 use crate::locks::lease::LockLease;
-use crate::locks::Measured;
+use crate::locks::{release, Locks, Measured};
 use crate::realtime::{Stopwatch, PAUSED_CLOCK};
 use crate::validate;
 
@@ -37,6 +37,23 @@ struct Held {
     jumps: Option<Jumps>,
 }
 
+/// A hold's cap: the lease-clock reading at which it ends, and the lock
+/// API its release goes through.
+pub(super) struct MaxHold {
+    at: Duration,
+    locks: Locks,
+}
+
+impl MaxHold {
+    /// A cap `after` from the clock's `now`.
+    pub(super) fn after(after: Duration, now: Duration, locks: &Locks) -> Self {
+        MaxHold {
+            at: now.saturating_add(after),
+            locks: locks.clone(),
+        }
+    }
+}
+
 /// Shared by every clone of a guard and by its renewal task.
 pub(super) struct State {
     pub(super) key: String,
@@ -44,8 +61,9 @@ pub(super) struct State {
     pub(super) clock: LeaseClock,
     /// Acquisition start + 90 days: no renewal moves the deadline past it.
     cap: Duration,
-    /// Lease-clock reading at which the lock ends by `max_hold`, if set.
-    max_hold_at: Option<Duration>,
+    /// When the lock ends by `max_hold`, if set, and the handle that
+    /// releases it then.
+    max_hold: Option<MaxHold>,
     held: Mutex<Held>,
     pub(super) lost: watch::Sender<bool>,
 }
@@ -53,20 +71,20 @@ pub(super) struct State {
 impl State {
     /// `started`: the lease-clock reading before the acquire's first try
     /// (an earlier try than the one answered may be the one applied).
-    /// `max_hold`: how long from now the lock may be held at most.
+    /// `max_hold`: when the lock ends at the latest.
     pub(super) fn new(
         acquired: Measured,
         ttl: Duration,
         clock: LeaseClock,
         started: Duration,
-        max_hold: Option<Duration>,
+        max_hold: Option<MaxHold>,
     ) -> Self {
         let cap = started.saturating_add(validate::MAX_TTL);
         State {
             key: acquired.lease.key().to_owned(),
             ttl,
             cap,
-            max_hold_at: max_hold.map(|d| clock.now().saturating_add(d)),
+            max_hold,
             held: Mutex::new(Held {
                 deadline: deadline(&acquired, ttl, cap),
                 lease: acquired.lease,
@@ -122,17 +140,29 @@ impl State {
         left.saturating_add(SAFETY_MARGIN + REQUEST_BUDGET)
     }
 
-    /// Records a loss; the first one wins and flips the watch channel.
+    /// Records a loss; the first one wins and flips the watch channel. At
+    /// the max hold time the release is handed to the client first, so
+    /// that it is registered before anyone can see the loss (an acquire
+    /// with the same token then supersedes it rather than race it).
     pub(super) fn mark(&self, lost: LockLost) {
-        let fencing_token = {
+        let (fencing_token, lease) = {
             let mut held = self.held();
             if held.failure.is_some() {
                 return;
             }
             held.failure = Some(lost.clone());
             held.jumps = None;
-            held.lease.fencing_token()
+            (held.lease.fencing_token(), held.lease.clone())
         };
+        if let (LostReason::MaxHold, Some(cap)) = (lost.reason(), &self.max_hold) {
+            tracing::info!(key = %self.key, fencing_token, "max hold time reached; releasing");
+            release::in_background(
+                &cap.locks,
+                lease,
+                self.server_may_hold_for(),
+                "max hold time reached",
+            );
+        }
         self.lost
             .send_if_modified(|flag| !std::mem::replace(flag, true));
         crate::telemetry::lost(lost.reason());
@@ -154,16 +184,15 @@ impl State {
             }
             held.deadline
         };
+        // An expiry first: past its deadline the lease may be another's,
+        // whatever the cap says.
         let now = self.clock.now();
-        if self
-            .max_hold_at
-            .is_some_and(|at| now >= at && at < deadline)
-        {
-            self.mark(LockLost::new(self.key.clone(), LostReason::MaxHold));
-            return true;
-        }
         if now >= deadline {
             self.mark(LockLost::new(self.key.clone(), LostReason::Expired));
+            return true;
+        }
+        if self.max_hold.as_ref().is_some_and(|cap| now >= cap.at) {
+            self.mark(LockLost::new(self.key.clone(), LostReason::MaxHold));
             return true;
         }
         false
@@ -171,15 +200,11 @@ impl State {
 
     /// The lease-clock reading at which the lock ends by itself: its
     /// deadline, or its max hold time if sooner.
-    fn ends_at(&self) -> Duration {
+    pub(super) fn ends_at(&self) -> Duration {
         let deadline = self.deadline();
-        self.max_hold_at.map_or(deadline, |at| at.min(deadline))
-    }
-
-    /// Whether the lock ended by its max hold time.
-    pub(super) fn ended_by_max_hold(&self) -> bool {
-        self.failure()
-            .is_some_and(|lost| lost.reason() == LostReason::MaxHold)
+        self.max_hold
+            .as_ref()
+            .map_or(deadline, |cap| cap.at.min(deadline))
     }
 
     /// Records that a renewal is being sent (its outcome unknown until
@@ -274,9 +299,13 @@ impl State {
         if self.check() {
             return;
         }
+        // The cap is not bounded by any request's timeout: a timer for it.
+        let cap = self.max_hold.as_ref().map(|cap| cap.at);
+        let until_cap = cap.map_or(Duration::MAX, |at| at.saturating_sub(self.clock.now()));
         tokio::select! {
             _ = lost.changed() => return,
             () = jumps.next() => {}
+            () = tokio::time::sleep(until_cap), if cap.is_some() => {}
         }
         self.wait_lost().await;
     }
@@ -340,6 +369,44 @@ mod tests {
         assert!(state.check(), "lost exactly at the deadline");
         assert_eq!(state.failure().unwrap().reason(), LostReason::Expired);
         assert!(*watch.borrow());
+    }
+
+    #[tokio::test]
+    async fn past_both_the_deadline_and_the_cap_the_loss_is_an_expiry() {
+        let clock = LeaseClock::adjustable();
+        let locks = crate::Client::builder()
+            .service_key("k")
+            .api_url("http://127.0.0.1:9")
+            .build()
+            .unwrap()
+            .locks();
+        let lease = LockLease::new("k", "t", chrono::Utc::now(), 1);
+        let now = clock.now();
+        let cap = MaxHold::after(S(10), now, &locks);
+        let state = State::new(
+            measured(&lease, now, None),
+            S(5),
+            clock.clone(),
+            now,
+            Some(cap),
+        );
+        // A suspend past both: the lease may be another's now.
+        clock.advance(S(20));
+        assert!(state.check());
+        assert_eq!(state.failure().unwrap().reason(), LostReason::Expired);
+
+        let now = clock.now();
+        let cap = MaxHold::after(S(2), now, &locks);
+        let state = State::new(
+            measured(&lease, now, None),
+            S(5),
+            clock.clone(),
+            now,
+            Some(cap),
+        );
+        clock.advance(S(3));
+        assert!(state.check());
+        assert_eq!(state.failure().unwrap().reason(), LostReason::MaxHold);
     }
 
     #[test]
