@@ -235,19 +235,7 @@ async fn a_retry_after_longer_than_the_window_still_gets_a_last_renewal_in_it() 
         .respond_with(common::lease_body(201, 3))
         .mount(&wire)
         .await;
-    Mock::given(method("PATCH"))
-        .respond_with(
-            common::error_body(503, "busy", Some("lock_service_unavailable"))
-                .insert_header("retry-after", "3"),
-        )
-        .up_to_n_times(1)
-        .with_priority(1)
-        .mount(&wire)
-        .await;
-    Mock::given(method("PATCH"))
-        .respond_with(common::lease_body(200, 3))
-        .mount(&wire)
-        .await;
+    common::unavailable_then(&wire, "PATCH", 1, 3, common::lease_body(200, 3)).await;
     Mock::given(method("DELETE"))
         .respond_with(ResponseTemplate::new(204))
         .mount(&wire)

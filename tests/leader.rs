@@ -724,6 +724,43 @@ fn released_while_live(
     false
 }
 
+/// Delays the next release by 300 ms: a `run` that hands its release off
+/// instead of waiting for it returns while the lease is still held.
+fn slow_next_release(server: &MockServer) {
+    use volcano_mock_server::{Fault, Operation};
+    server.inject(
+        Fault::delay(Duration::from_millis(300))
+            .on(Operation::Release)
+            .times(1),
+    );
+}
+
+/// A candidate whose terms never end by themselves, running in a task,
+/// with the sender that makes it step down (`until`); `termed` is set when
+/// a term begins.
+fn stoppable_candidate(
+    client: &volcano::Client,
+    termed: Arc<AtomicBool>,
+) -> (
+    tokio::sync::oneshot::Sender<()>,
+    tokio::task::JoinHandle<Result<(), Error>>,
+) {
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let run = tokio::spawn(
+        client
+            .locks()
+            .leader(KEY, TTL)
+            .until(async {
+                let _ = stopped.await;
+            })
+            .run(move |_term| {
+                termed.store(true, Ordering::SeqCst);
+                async { std::future::pending::<Result<(), Error>>().await }
+            }),
+    );
+    (stop, run)
+}
+
 /// A candidate that steps down while its campaign's acquire was applied
 /// but not answered: the SDK generated that token, so the acquire is
 /// undone, and `run` returns only once that release has finished.
@@ -737,22 +774,8 @@ async fn stepping_down_with_the_campaign_acquire_unanswered_releases_it_before_r
             .on(Operation::Acquire)
             .times(1),
     );
-    // The release takes a moment: `run` must wait for it, not hand it off.
-    server.inject(
-        Fault::delay(Duration::from_millis(300))
-            .on(Operation::Release)
-            .times(1),
-    );
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let run = tokio::spawn(
-        client
-            .locks()
-            .leader(KEY, TTL)
-            .until(async {
-                let _ = stopped.await;
-            })
-            .run(|_term| async { std::future::pending::<Result<(), Error>>().await }),
-    );
+    slow_next_release(&server);
+    let (stop, run) = stoppable_candidate(&client, Arc::default());
     let applied = server.wait_for(Operation::Acquire, 201, Duration::from_secs(5));
     assert!(
         applied.await.is_some(),
@@ -868,28 +891,9 @@ async fn stepping_down_during_the_renewal_before_the_first_term_releases_before_
             .on(Operation::Renew)
             .times(1),
     );
-    server.inject(
-        Fault::delay(Duration::from_millis(300))
-            .on(Operation::Release)
-            .times(1),
-    );
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    slow_next_release(&server);
     let termed = Arc::new(AtomicBool::new(false));
-    let run = tokio::spawn(
-        client
-            .locks()
-            .leader(KEY, TTL)
-            .until(async {
-                let _ = stopped.await;
-            })
-            .run({
-                let termed = termed.clone();
-                move |_term| {
-                    termed.store(true, Ordering::SeqCst);
-                    async { std::future::pending::<Result<(), Error>>().await }
-                }
-            }),
-    );
+    let (stop, run) = stoppable_candidate(&client, termed.clone());
     let renewing = server.wait_for(Operation::Renew, 200, Duration::from_secs(10));
     assert!(renewing.await.is_some(), "the pre-term renewal was applied");
     stop.send(()).unwrap();

@@ -331,19 +331,7 @@ async fn a_waiter_honours_retry_after_on_a_503() {
     use wiremock::matchers::method;
     use wiremock::{Mock, ResponseTemplate};
     let wire = common::server().await;
-    Mock::given(method("POST"))
-        .respond_with(
-            common::error_body(503, "busy", Some("lock_service_unavailable"))
-                .insert_header("retry-after", "2"),
-        )
-        .up_to_n_times(2)
-        .with_priority(1)
-        .mount(&wire)
-        .await;
-    Mock::given(method("POST"))
-        .respond_with(common::lease_body(201, 1))
-        .mount(&wire)
-        .await;
+    common::unavailable_then(&wire, "POST", 2, 2, common::lease_body(201, 1)).await;
     Mock::given(method("DELETE"))
         .respond_with(ResponseTemplate::new(204))
         .mount(&wire)

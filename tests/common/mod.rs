@@ -76,6 +76,26 @@ pub fn lease_body(status: u16, fencing_token: i64) -> ResponseTemplate {
     }))
 }
 
+/// Answers the first `n` `verb` requests with a 503 that says
+/// `Retry-After: retry_after` (seconds), and the later ones with `then`.
+pub async fn unavailable_then(
+    server: &MockServer,
+    verb: &str,
+    n: u64,
+    retry_after: u64,
+    then: ResponseTemplate,
+) {
+    let unavailable = error_body(503, "busy", Some("lock_service_unavailable"))
+        .insert_header("retry-after", retry_after.to_string().as_str());
+    Mock::given(wiremock::matchers::method(verb))
+        .respond_with(unavailable)
+        .up_to_n_times(n)
+        .with_priority(1)
+        .mount(server)
+        .await;
+    mount(server, verb, then).await;
+}
+
 /// A JSON error envelope.
 pub fn error_body(status: u16, message: &str, code: Option<&str>) -> ResponseTemplate {
     let mut body = serde_json::json!({ "error": message });
