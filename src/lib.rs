@@ -58,6 +58,7 @@ mod error;
 mod locks;
 mod ops;
 mod realtime;
+mod retry;
 mod telemetry;
 mod transport;
 mod validate;

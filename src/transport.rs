@@ -19,6 +19,7 @@ use crate::error::{
 };
 use crate::ops::{header_value, Operation};
 use crate::realtime::{Stopwatch, PAUSED_CLOCK};
+use crate::retry;
 
 /// Header carrying the request id (all five operations).
 pub(crate) const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-volcano-request-id");
@@ -233,7 +234,7 @@ impl Transport {
             assert!(!stopwatch.runtime_ran_ahead(), "volcano: {PAUSED_CLOCK}");
             let in_time = timing.send_by.is_none_or(|by| Instant::now() < by);
             match (result, replay) {
-                (Err(err), Some(again)) if retryable(&err) && in_time => {
+                (Err(err), Some(again)) if retry::retries_acquire(&err) && in_time => {
                     span.in_scope(|| {
                         tracing::info!(error = %err, "retrying acquire once with the same token and request id");
                     });
@@ -245,7 +246,7 @@ impl Transport {
                 // a 409 (or by being just as uncertain); anything else (a
                 // 429, a 401) says nothing about the first attempt, whose
                 // unknown outcome then stands.
-                (Err(err), _) if first_error.is_some() && !settles(&err) => {
+                (Err(err), _) if first_error.is_some() && !retry::settles(&err) => {
                     return Err(first_error.take().unwrap_or(err));
                 }
                 (other, _) => return other,
@@ -355,18 +356,6 @@ pub(crate) fn json_object(bytes: &[u8]) -> Option<Map<String, Value>> {
     }
 }
 
-/// Failures after which acquire is sent once more: no answer at all, a 503
-/// (ownership undecidable), or a success status whose body is not a JSON
-/// object. Field-level problems are not retried.
-fn retryable(err: &Error) -> bool {
-    match err {
-        Error::Transport(_) => true,
-        Error::Server(api) => api.status == Some(503),
-        Error::InvalidResponse(e) => e.reason == InvalidReason::NotAnObject,
-        _ => false,
-    }
-}
-
 /// Parses an HTTP `Date` header (IMF-fixdate, `Sun, 06 Nov 1994 08:49:37
 /// GMT`); other forms are ignored.
 fn http_date(value: &str) -> Option<DateTime<Utc>> {
@@ -429,11 +418,6 @@ fn retry_after(value: &str, date: impl FnOnce() -> Option<DateTime<Utc>>) -> Opt
     let at = http_date(value)?;
     let from = date().unwrap_or_else(Utc::now);
     Some((at - from).to_std().unwrap_or(Duration::ZERO))
-}
-
-/// Whether a retry's error tells the caller where ownership stands.
-fn settles(err: &Error) -> bool {
-    matches!(err, Error::Conflict(_)) || err.may_have_applied()
 }
 
 fn transport_error(err: reqwest::Error, request_id: &str) -> Error {

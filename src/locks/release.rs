@@ -14,7 +14,6 @@
 
 use std::time::Duration;
 
-use backon::{BackoffBuilder, ExponentialBuilder};
 use tokio::sync::watch;
 use tokio::time::Instant;
 
@@ -22,18 +21,8 @@ use super::lease::LockLease;
 use super::Locks;
 use crate::background::Settled;
 use crate::error::{Error, Result};
+use crate::retry;
 use crate::validate;
-
-/// An attempt with less time than this left is not sent.
-const MIN_ATTEMPT: Duration = Duration::from_millis(100);
-const BACKOFF_MIN: Duration = Duration::from_millis(100);
-
-/// Failures worth another attempt: no answer, 429, and the 5xx statuses a
-/// healthy service or proxy sends while it recovers. `InvalidResponse`
-/// counts too: a success status was seen, so the request may have applied.
-pub(crate) fn is_transient(err: &Error) -> bool {
-    err.is_transient() || matches!(err, Error::InvalidResponse(_))
-}
 
 /// How hard one release tries.
 #[derive(Debug, Clone, Copy)]
@@ -82,12 +71,10 @@ pub(crate) async fn confirmed(
     let started = Instant::now();
     let budget = persistence.budget;
     let per_attempt = locks.client().timeout();
-    let mut backoff = ExponentialBuilder::default()
-        .with_min_delay(BACKOFF_MIN)
-        .with_max_delay(persistence.max_backoff)
-        .with_jitter()
-        .with_max_times(persistence.attempts.saturating_sub(1))
-        .build();
+    let mut backoff = retry::backoff(
+        persistence.max_backoff,
+        Some(persistence.attempts.saturating_sub(1)),
+    );
     let mut uncertain = false;
     loop {
         if superseded.as_ref().is_some_and(|s| *s.borrow()) {
@@ -98,7 +85,7 @@ pub(crate) async fn confirmed(
         let attempt = locks
             .release(lease)
             .request_id(request_id.clone())
-            .timeout(left.min(per_attempt).max(MIN_ATTEMPT))
+            .timeout(left.min(per_attempt).max(retry::MIN_ATTEMPT))
             .await;
         let err = match attempt {
             Ok(()) => return Ok(()),
@@ -110,7 +97,7 @@ pub(crate) async fn confirmed(
                 );
                 return Ok(());
             }
-            Err(err) if is_transient(&err) => err,
+            Err(err) if retry::is_transient(&err) => err,
             Err(err) => return Err(err),
         };
         uncertain |= err.may_have_applied();
@@ -118,11 +105,8 @@ pub(crate) async fn confirmed(
             Some(wait) => wait.max(err.retry_after().unwrap_or_default()),
             None => return Err(err),
         };
-        let next_at = started
-            .elapsed()
-            .saturating_add(wait)
-            .saturating_add(MIN_ATTEMPT);
-        if next_at >= budget {
+        let left_then = budget.saturating_sub(started.elapsed().saturating_add(wait));
+        if !retry::fits(left_then) {
             return Err(err);
         }
         tracing::info!(
@@ -187,26 +171,4 @@ pub(crate) fn in_background(
                 }
             })
         });
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn transient_errors_are_told_apart() {
-        let api = |status| crate::ApiError {
-            status: Some(status),
-            code: None,
-            message: String::new(),
-            request_id: None,
-            retry_after: None,
-        };
-        for status in [429, 500, 502, 503, 504] {
-            assert!(is_transient(&Error::from_status(api(status))), "{status}");
-        }
-        for status in [400, 401, 403, 404, 409, 501, 418] {
-            assert!(!is_transient(&Error::from_status(api(status))), "{status}");
-        }
-    }
 }

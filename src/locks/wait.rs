@@ -31,6 +31,7 @@ use chrono::Utc;
 use tokio::time::Instant;
 
 use crate::error::Error;
+use crate::retry;
 
 /// First poll interval while the holder is unknown.
 pub(crate) const POLL_MIN: Duration = Duration::from_millis(100);
@@ -181,7 +182,7 @@ impl Waiter {
             }
             // The same token makes another try safe; a 503 may name when
             // (`Retry-After`), as a 429 does.
-            _ if err.is_transport() || err.status() == Some(503) => {
+            _ if retry::waits_through(&err) => {
                 let pause = match err.retry_after() {
                     Some(after) => self.spread(Some(after)),
                     None => self.next_ramp(),

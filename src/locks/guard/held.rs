@@ -15,8 +15,9 @@ use super::handle::LockGuard;
 use super::renewal::{renew_in_window, renewal_task, LiveRenewal};
 use super::state::{MaxHold, State};
 use crate::error::{Error, LockLost, LostReason, Result};
-use crate::locks::release::{self, is_transient};
+use crate::locks::release;
 use crate::locks::{BoxFuture, Locks, Owner};
+use crate::retry::is_transient;
 use crate::validate;
 
 /// The shortest `max_hold`: a cap that ends a hold as soon as it begins

@@ -5,22 +5,17 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
-use backon::{BackoffBuilder, ExponentialBuilder};
-
 use super::state::State;
 use super::{REQUEST_BUDGET, SAFETY_MARGIN};
 use crate::error::{Error, LockLost, LostReason};
-use crate::locks::release::is_transient;
 use crate::locks::Locks;
+use crate::retry::{self, is_transient};
 use crate::validate;
 
 /// Renewals are never further apart than this.
 const MAX_RENEW_DELAY: Duration = Duration::from_secs(60);
-/// A renewal attempt with less time than this left is not sent.
-const MIN_ATTEMPT: Duration = Duration::from_millis(100);
 /// A pause cut short to fit the window leaves the last attempt this long.
 const LAST_ATTEMPT: Duration = Duration::from_millis(500);
-const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
 
 /// Delay before the next renewal (protocol 5.3): about ttl/3, at most 60 s,
@@ -39,12 +34,7 @@ pub(super) fn renewal_delay(ttl: Duration, remaining: Duration, u: f64) -> Durat
 /// would run past the last moment an attempt can still be sent is cut
 /// short, so that attempt is made.
 pub(super) async fn renew_in_window(state: &State, locks: &Locks) -> Result<(), LockLost> {
-    let mut backoff = ExponentialBuilder::default()
-        .with_min_delay(BACKOFF_MIN)
-        .with_max_delay(BACKOFF_MAX)
-        .with_jitter()
-        .without_max_times()
-        .build();
+    let mut backoff = retry::backoff(BACKOFF_MAX, None);
     let mut tally = Tally::new(state);
     let mut last_error = None;
     // The next attempt is the last one the window has room for.
@@ -55,7 +45,7 @@ pub(super) async fn renew_in_window(state: &State, locks: &Locks) -> Result<(), 
         }
         let renew_by = state.deadline().saturating_sub(SAFETY_MARGIN);
         let budget = renew_by.saturating_sub(state.clock.now());
-        if budget < MIN_ATTEMPT {
+        if !retry::fits(budget) {
             tally.settle("failed");
             return Err(gave_up(&state.key, last_error));
         }
