@@ -114,11 +114,11 @@ impl Background {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Running>> {
-        self.running.lock().unwrap_or_else(|p| p.into_inner())
+        crate::lock_unpoisoned(&self.running)
     }
 
     fn lock_unreleased(&self) -> std::sync::MutexGuard<'_, Vec<Unreleased>> {
-        self.unreleased.lock().unwrap_or_else(|p| p.into_inner())
+        crate::lock_unpoisoned(&self.unreleased)
     }
 
     /// Remembers that the lease of `key`/`token` may stay live until

@@ -78,6 +78,14 @@ pub use locks::{
 };
 pub use validate::{MAX_TTL, MIN_TTL};
 
+/// Locks a mutex whose holder may have panicked: every mutex in the SDK
+/// guards plain data that a panic cannot leave half-written.
+pub(crate) fn lock_unpoisoned<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex
+        .lock()
+        .unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
 // The handles and the error cross tasks and threads: checked at compile time.
 const _: () = {
     const fn send_sync_static<T: Send + Sync + 'static>() {}

@@ -48,7 +48,9 @@ pub enum FaultKind {
     Reset,
     /// Wait this long, then handle the request normally.
     Delay {
-        /// Milliseconds to wait.
+        /// Milliseconds to wait (`ms` is accepted too, as for
+        /// `delay_response`).
+        #[serde(alias = "ms")]
         delay_ms: u64,
     },
     /// Apply the request at once, then hold the answer this long.
@@ -99,7 +101,9 @@ fn any() -> Operation {
     Operation::Any
 }
 
-fn millis(duration: Duration) -> u64 {
+/// Whole milliseconds of `duration`, saturating (as faults and the journal
+/// count them).
+pub(crate) fn millis(duration: Duration) -> u64 {
     u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
@@ -456,6 +460,8 @@ mod tests {
             serde_json::json!({"kind": "status", "status": 503, "operation": "acquire", "key": null, "times": 1, "every": null})
         );
         let parsed: Fault = serde_json::from_str(r#"{"kind":"delay","delay_ms":1500}"#).unwrap();
+        assert_eq!(parsed, Fault::delay(Duration::from_millis(1500)));
+        let parsed: Fault = serde_json::from_str(r#"{"kind":"delay","ms":1500}"#).unwrap();
         assert_eq!(parsed, Fault::delay(Duration::from_millis(1500)));
         let parsed: Fault = serde_json::from_str(
             r#"{"kind":"delay_response","ms":250,"operation":"acquire","times":1}"#,

@@ -17,7 +17,7 @@ use serde_json::json;
 
 use crate::clock::{http_date, json_time};
 use crate::conn::{close, Kill};
-use crate::fault::{FaultKind, Operation};
+use crate::fault::{millis, FaultKind, Operation};
 use crate::journal::RecordedRequest;
 use crate::lock_unpoisoned;
 use crate::request::{check_auth, route, validate, Prepared, Reject, Route};
@@ -216,10 +216,6 @@ async fn prepare(
         .take(shared.clock.now())
         .map_err(rate_limited)?;
     validate(route, headers, body, shared.config.header_read_timeout).await
-}
-
-fn millis(duration: Duration) -> u64 {
-    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
 }
 
 /// The answer an injected status fault sends instead of applying.

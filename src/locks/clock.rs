@@ -196,7 +196,7 @@ mod suspend {
         // Subscribe first: the thread only stops when it sees no receiver
         // under the lock, so either it sees this one or we see it stopped.
         let rx = detector.suspends.subscribe();
-        let mut running = detector.running.lock().unwrap_or_else(|p| p.into_inner());
+        let mut running = crate::lock_unpoisoned(&detector.running);
         if !*running {
             // The baseline is taken now, not when the thread first runs: a
             // suspend in between must count.
@@ -226,7 +226,7 @@ mod suspend {
     pub(super) fn running() -> bool {
         DETECTOR
             .get()
-            .is_some_and(|d| *d.running.lock().unwrap_or_else(|p| p.into_inner()))
+            .is_some_and(|d| *crate::lock_unpoisoned(&d.running))
     }
 
     fn watch_for_suspends(detector: &'static Detector, (origin, boot_origin): (Instant, Duration)) {
@@ -238,7 +238,7 @@ mod suspend {
                 detector.suspends.send_modify(|n| *n += 1);
             }
             seen = seen.max(now);
-            let mut running = detector.running.lock().unwrap_or_else(|p| p.into_inner());
+            let mut running = crate::lock_unpoisoned(&detector.running);
             if detector.suspends.receiver_count() == 0 {
                 *running = false;
                 return;

@@ -98,7 +98,7 @@ impl State {
     }
 
     fn held(&self) -> MutexGuard<'_, Held> {
-        self.held.lock().unwrap_or_else(|p| p.into_inner())
+        crate::lock_unpoisoned(&self.held)
     }
 
     pub(super) fn lease(&self) -> LockLease {
