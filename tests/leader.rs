@@ -761,26 +761,34 @@ fn stoppable_candidate(
     (stop, run)
 }
 
-/// A candidate that steps down while its campaign's acquire was applied
-/// but not answered: the SDK generated that token, so the acquire is
-/// undone, and `run` returns only once that release has finished.
-#[tokio::test]
-async fn stepping_down_with_the_campaign_acquire_unanswered_releases_it_before_returning() {
+/// The next acquire is applied at once and its answer held for 20 s.
+fn apply_next_acquire_and_hold_its_answer(server: &MockServer) {
     use volcano_mock_server::{Fault, Operation};
-    let server = MockServer::start().await;
-    let client = mock_client(&server);
     server.inject(
         Fault::delay_response(Duration::from_secs(20))
             .on(Operation::Acquire)
             .times(1),
     );
+}
+
+/// Whether an acquire was applied (granted) within 5 s.
+async fn applied(server: &MockServer) -> bool {
+    use volcano_mock_server::Operation;
+    let granted = server.wait_for(Operation::Acquire, 201, Duration::from_secs(5));
+    granted.await.is_some()
+}
+
+/// A candidate that steps down while its campaign's acquire was applied
+/// but not answered: the SDK generated that token, so the acquire is
+/// undone, and `run` returns only once that release has finished.
+#[tokio::test]
+async fn stepping_down_with_the_campaign_acquire_unanswered_releases_it_before_returning() {
+    let server = MockServer::start().await;
+    let client = mock_client(&server);
+    apply_next_acquire_and_hold_its_answer(&server);
     slow_next_release(&server);
     let (stop, run) = stoppable_candidate(&client, Arc::default());
-    let applied = server.wait_for(Operation::Acquire, 201, Duration::from_secs(5));
-    assert!(
-        applied.await.is_some(),
-        "the campaign's acquire was applied"
-    );
+    assert!(applied(&server).await, "the campaign's acquire was applied");
     assert!(held_on_server(&server));
     stop.send(()).unwrap();
     run.await.unwrap().unwrap();
@@ -798,25 +806,16 @@ async fn stepping_down_with_the_campaign_acquire_unanswered_releases_it_before_r
 /// the client's background releases, which `shutdown` waits for.
 #[tokio::test]
 async fn an_aborted_campaign_with_its_acquire_unanswered_is_released_through_the_client() {
-    use volcano_mock_server::{Fault, Operation};
     let server = MockServer::start().await;
     let client = mock_client(&server);
-    server.inject(
-        Fault::delay_response(Duration::from_secs(20))
-            .on(Operation::Acquire)
-            .times(1),
-    );
+    apply_next_acquire_and_hold_its_answer(&server);
     let run = tokio::spawn(
         client
             .locks()
             .leader(KEY, TTL)
             .run(|_term| async { std::future::pending::<Result<(), Error>>().await }),
     );
-    let applied = server.wait_for(Operation::Acquire, 201, Duration::from_secs(5));
-    assert!(
-        applied.await.is_some(),
-        "the campaign's acquire was applied"
-    );
+    assert!(applied(&server).await, "the campaign's acquire was applied");
     run.abort();
     assert!(run.await.unwrap_err().is_cancelled());
     assert_eq!(

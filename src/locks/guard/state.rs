@@ -381,29 +381,25 @@ mod tests {
             .unwrap()
             .locks();
         let lease = LockLease::new("k", "t", chrono::Utc::now(), 1);
-        let now = clock.now();
-        let cap = MaxHold::after(S(10), now, &locks);
-        let state = State::new(
-            measured(&lease, now, None),
-            S(5),
-            clock.clone(),
-            now,
-            Some(cap),
-        );
+        // A 5 s lease capped `after` from now.
+        let capped = |after| {
+            let now = clock.now();
+            let cap = MaxHold::after(after, now, &locks);
+            State::new(
+                measured(&lease, now, None),
+                S(5),
+                clock.clone(),
+                now,
+                Some(cap),
+            )
+        };
         // A suspend past both: the lease may be another's now.
+        let state = capped(S(10));
         clock.advance(S(20));
         assert!(state.check());
         assert_eq!(state.failure().unwrap().reason(), LostReason::Expired);
 
-        let now = clock.now();
-        let cap = MaxHold::after(S(2), now, &locks);
-        let state = State::new(
-            measured(&lease, now, None),
-            S(5),
-            clock.clone(),
-            now,
-            Some(cap),
-        );
+        let state = capped(S(2));
         clock.advance(S(3));
         assert!(state.check());
         assert_eq!(state.failure().unwrap().reason(), LostReason::MaxHold);
