@@ -14,6 +14,8 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
+use crate::BoxFuture;
+
 /// The releases a client runs in the background.
 #[derive(Default)]
 pub(crate) struct Background {
@@ -196,5 +198,76 @@ impl Drop for Pending {
         self.background.lock().remove(&self.id);
         self.finished.send_replace(true);
         self.background.count.send_modify(|n| *n -= 1);
+    }
+}
+
+/// The release plumbing lock calls use.
+impl Background {
+    /// Runs the release of `key`/`token` in the background (on the current
+    /// tokio runtime), so that [`Client::shutdown`](crate::Client::shutdown) can wait for it; its
+    /// lease may be live for `live_for` more. The release gets a receiver
+    /// that turns `true` when an acquire with the same token supersedes it,
+    /// and says how it ended. Without a runtime nothing runs: the warning
+    /// says which key stays held until its ttl, and `shutdown` reports it.
+    pub(crate) fn spawn_release<F>(
+        self: &Arc<Self>,
+        key: &str,
+        token: &str,
+        live_for: Duration,
+        release: F,
+    ) where
+        F: FnOnce(watch::Receiver<bool>) -> BoxFuture<Settled>,
+    {
+        let background = self;
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            tracing::warn!(key, "no tokio runtime: lease left to expire");
+            background.unreleased(
+                key,
+                token,
+                tokio::time::Instant::now().checked_add(live_for),
+            );
+            return;
+        };
+        let (pending, superseded) = background.register(key, token, live_for);
+        let release = release(superseded);
+        // In the caller's span (a hold's, say): its fields stay on the logs.
+        // A runtime shutting down drops the task unrun: `pending` then
+        // reports that.
+        runtime.spawn(tracing::Instrument::in_current_span(async move {
+            let settled = release.await;
+            pending.settle(settled);
+        }));
+    }
+
+    /// Before an acquire with a token the caller names: stops background
+    /// releases of the same key and token from sending more attempts, and
+    /// waits for an attempt in flight to finish, so that no stale release
+    /// can free the lease this acquire recovers.
+    pub(crate) async fn supersede_releases(&self, key: &str, token: &str) {
+        for mut finished in self.supersede(key, token) {
+            let _ = finished.wait_for(|done| *done).await;
+        }
+    }
+
+    /// Waits, up to `timeout`, for the background releases of `key` under
+    /// any of `tokens` that are running now (a leader stepping down waits
+    /// for its campaigns'); false if some had not finished by then.
+    pub(crate) async fn await_releases(
+        &self,
+        key: &str,
+        tokens: &[String],
+        timeout: Duration,
+    ) -> bool {
+        let running: Vec<_> = tokens
+            .iter()
+            .flat_map(|token| self.running(key, token))
+            .collect();
+        tokio::time::timeout(timeout, async {
+            for mut finished in running {
+                let _ = finished.wait_for(|done| *done).await;
+            }
+        })
+        .await
+        .is_ok()
     }
 }

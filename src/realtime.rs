@@ -13,7 +13,7 @@ use std::time::Duration;
 /// both read the same monotonic clock).
 const TOLERANCE: Duration = Duration::from_millis(20);
 
-/// What went wrong, for the panic or the loss it causes.
+/// What went wrong, for the error or the loss it causes.
 pub(crate) const PAUSED_CLOCK: &str =
     "tokio's clock is paused (#[tokio::test(start_paused = true)] \
      or tokio::time::pause()) and jumped ahead of real time: lock calls and guards need real time. \

@@ -526,7 +526,7 @@ async fn outcome_precedence() {
     // 46: release error when nothing else went wrong.
     match run(false, false).await.unwrap_err() {
         JobError::Lock(err) => assert_eq!(err.status(), Some(500)),
-        other => panic!("{other:?}"),
+        other @ JobError::Job(_) => panic!("{other:?}"),
     }
     // 47 and 49: the closure's error wins over release failure and loss.
     assert!(matches!(

@@ -4,9 +4,9 @@
 
 use std::time::Duration;
 
-use super::lease::LockLease;
 use super::{release, wait, Common, Locks};
 use crate::error::Result;
+use crate::lease::LockLease;
 use crate::ops;
 use crate::validate;
 
@@ -167,7 +167,23 @@ impl Drop for Undo {
 /// `locks.acquire(key, ttl)`; see [`Locks::acquire`].
 ///
 /// A builder, not a future: `.await` it, or call `.send()` for a future
-/// that can be spawned or stored.
+/// that can be spawned or stored. The spec inside every way of acquiring:
+/// its options (token, request id, timeout, wait, poll interval) are the
+/// same on [`Hold`](crate::Hold), `with_lock` and the rest.
+///
+/// ```no_run
+/// # async fn demo(locks: volcano::Locks) -> Result<(), volcano::Error> {
+/// use std::time::Duration;
+/// // Wait up to two minutes for the holder, trying for an early release
+/// // every 2 s.
+/// let lease = locks
+///     .acquire("schema-migration", Duration::from_secs(60))
+///     .wait(Duration::from_secs(120))
+///     .poll_interval(Duration::from_secs(2))
+///     .await?;
+/// # let _ = lease; Ok(()) }
+/// ```
+#[derive(Clone)]
 #[must_use = "a request builder does nothing until it is awaited"]
 pub struct Acquire {
     pub(super) common: Common,
@@ -193,74 +209,10 @@ impl std::fmt::Debug for Acquire {
     }
 }
 
+acquisition_setters!(impl[] Acquire { token, wait, poll_interval });
+
 impl Acquire {
-    /// Uses this ownership token (a UUID string, sent exactly as spelled)
-    /// instead of a fresh one. Acquiring again with the same token recovers
-    /// the same lease.
-    pub fn token(mut self, token: impl Into<String>) -> Self {
-        self.token = Owner::Caller(token.into());
-        self
-    }
-
-    /// On `409 lock_held`, keep trying with the same ownership token until
-    /// the lock is acquired or `timeout` has passed; then the last
-    /// `Error::Conflict` is returned (so `is_lock_held()` stays true).
-    ///
-    /// Quota-aware, because a project's 600 lock operations a minute are
-    /// shared by its whole fleet: the waiter learns the holder's expiry
-    /// with one `get` and sleeps until the lease could be taken over
-    /// (`expires_at` + 1 s), then looks again; a holder that keeps renewing
-    /// costs it one request per lease period. While that moment is more
-    /// than 1.5 poll intervals away it also tries every
-    /// [`poll_interval`](Acquire::poll_interval) (default 10 s, ±20 %) for
-    /// an early release. So a lock released gracefully is picked up within
-    /// about one poll interval; one whose holder crashed within ttl + 1 s.
-    /// Transport failures, 429 and 503 are tried again (the same token
-    /// makes that safe), after any `Retry-After` (at most 60 s) plus up to
-    /// one poll interval of jitter, so that a fleet does not fire at the
-    /// first second of the next quota window; any other error returns at
-    /// once.
-    ///
-    /// No try starts after `timeout`; one in flight then has 2 s more to
-    /// answer (a late success is returned as the lease). If it never
-    /// answers, the wait returns its `Error::Transport`, not an older
-    /// conflict, and a lease it may have obtained is undone with a release
-    /// when the SDK generated the token. With [`Acquire::token`], acquire
-    /// again with the same token to recover it. `Duration::MAX` waits
-    /// forever; `Duration::ZERO` makes one try with 2 s to answer.
-    ///
-    /// ```no_run
-    /// # async fn demo(locks: volcano::Locks) -> Result<(), volcano::Error> {
-    /// use std::time::Duration;
-    /// let lease = locks
-    ///     .acquire("schema-migration", Duration::from_secs(60))
-    ///     .wait(Duration::from_secs(120))
-    ///     .await?;
-    /// # let _ = lease; Ok(()) }
-    /// ```
-    pub fn wait(mut self, timeout: Duration) -> Self {
-        self.wait = Some(timeout);
-        self
-    }
-
-    /// How often a [`wait`](Acquire::wait) tries for an early release while
-    /// the holder's lease has long to run (default 10 s, at least 100 ms).
-    /// Shorter picks up a released lock sooner and costs quota: each waiter
-    /// sends about `60 / interval` acquires a minute on top of one `get`
-    /// per holder lease period.
-    ///
-    /// ```no_run
-    /// # async fn demo(locks: volcano::Locks) -> Result<(), volcano::Error> {
-    /// use std::time::Duration;
-    /// let lease = locks
-    ///     .acquire("deploy", Duration::from_secs(60))
-    ///     .wait(Duration::from_secs(600))
-    ///     .poll_interval(Duration::from_secs(2))
-    ///     .await?;
-    /// # let _ = lease; Ok(()) }
-    /// ```
-    pub fn poll_interval(mut self, interval: Duration) -> Self {
-        self.poll_interval = Some(interval);
+    fn acquire_spec(&mut self) -> &mut Acquire {
         self
     }
 
@@ -284,6 +236,7 @@ impl Acquire {
             self.common
                 .locks
                 .client
+                .background()
                 .supersede_releases(&self.key, &token)
                 .await;
         }

@@ -5,19 +5,14 @@
 //! and undo rules) has a file of its own; the other four are in
 //! `requests.rs`; `with_lock` and the guard are in `guard/`.
 
-use std::future::Future;
-use std::pin::Pin;
 use std::time::Duration;
 
 use crate::client::Client;
 use crate::error::{Error, Result};
+use crate::lease::LockLease;
 use crate::ops::Operation;
 use crate::transport::{Answer, Timing};
 use crate::validate;
-use lease::LockLease;
-
-/// The boxed future behind each builder's `.await`.
-pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>;
 
 /// The lock API of a [`Client`]: cheap to clone, `Send + Sync + 'static`.
 ///
@@ -33,6 +28,20 @@ pub(crate) type BoxFuture<T> = Pin<Box<dyn Future<Output = T> + Send + 'static>>
 #[derive(Debug, Clone)]
 pub struct Locks {
     client: Client,
+}
+
+impl Client {
+    /// The lock API of this client.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: volcano::Client) -> Result<(), volcano::Error> {
+    /// let state = client.locks().get("nightly-report").await?;
+    /// println!("held: {}", state.held());
+    /// # Ok(()) }
+    /// ```
+    pub fn locks(&self) -> Locks {
+        Locks::new(self.clone())
+    }
 }
 
 impl Locks {
@@ -207,7 +216,7 @@ macro_rules! common_methods {
     ($builder:ident => $output:ty) => {
         impl ::std::future::IntoFuture for $builder {
             type Output = $crate::error::Result<$output>;
-            type IntoFuture = $crate::locks::BoxFuture<Self::Output>;
+            type IntoFuture = $crate::BoxFuture<Self::Output>;
 
             fn into_future(self) -> Self::IntoFuture {
                 Box::pin(self.execute())
@@ -243,17 +252,17 @@ macro_rules! common_methods {
     };
 }
 
+#[macro_use]
+mod setters;
+
 mod acquire;
-mod clock;
 mod guard;
-pub(crate) mod lease;
 mod release;
 mod requests;
 mod wait;
 
 pub use acquire::Acquire;
 pub(crate) use acquire::{Measured, Owner};
-pub use clock::LeaseClock;
 pub use guard::{
     HeldLock, HeldLocks, Hold, HoldAll, Leader, LockGuard, LockSet, TryWithLock, WithLock,
     WithLocks,

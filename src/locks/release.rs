@@ -17,10 +17,10 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::lease::LockLease;
 use super::Locks;
 use crate::background::Settled;
 use crate::error::{Error, Result};
+use crate::lease::LockLease;
 use crate::retry;
 use crate::validate;
 
@@ -144,6 +144,7 @@ pub(crate) fn in_background(
     let (key, token) = (lease.key().to_owned(), lease.token().to_owned());
     locks
         .client()
+        .background()
         .spawn_release(&key, &token, live_for, move |superseded| {
             Box::pin(async move {
                 match confirmed(&task_locks, &lease, persistence, Some(superseded)).await {

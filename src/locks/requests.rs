@@ -3,9 +3,9 @@
 
 use std::time::Duration;
 
-use super::lease::{LockLease, LockState};
 use super::{Common, Measured};
 use crate::error::Result;
+use crate::lease::{LockLease, LockState};
 use crate::ops;
 use crate::validate;
 

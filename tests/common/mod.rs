@@ -11,18 +11,18 @@ use volcano::Client;
 use wiremock::matchers::any;
 use wiremock::{Mock, MockServer, ResponseTemplate};
 
-pub const SERVICE_KEY: &str = "svc-key-SECRET-0123456789";
-pub const ANON_KEY: &str = "anon-key-SECRET-abcdef";
-pub const TOKEN: &str = "AAAAAAAA-bbbb-4ccc-8ddd-EEEEEEEEEEEE";
-pub const REQUEST_ID: &str = "11111111-2222-4333-8444-555555555555";
-pub const EXPIRES_AT: &str = "2026-07-20T14:00:10Z";
+pub(crate) const SERVICE_KEY: &str = "svc-key-SECRET-0123456789";
+pub(crate) const ANON_KEY: &str = "anon-key-SECRET-abcdef";
+pub(crate) const TOKEN: &str = "AAAAAAAA-bbbb-4ccc-8ddd-EEEEEEEEEEEE";
+pub(crate) const REQUEST_ID: &str = "11111111-2222-4333-8444-555555555555";
+pub(crate) const EXPIRES_AT: &str = "2026-07-20T14:00:10Z";
 
 /// A client for `url` with the test keys and a short timeout.
-pub fn client(url: &str) -> Client {
+pub(crate) fn client(url: &str) -> Client {
     client_with_timeout(url, Duration::from_secs(5))
 }
 
-pub fn client_with_timeout(url: &str, timeout: Duration) -> Client {
+pub(crate) fn client_with_timeout(url: &str, timeout: Duration) -> Client {
     Client::builder()
         .anon_key(ANON_KEY)
         .service_key(SERVICE_KEY)
@@ -33,7 +33,7 @@ pub fn client_with_timeout(url: &str, timeout: Duration) -> Client {
 }
 
 /// A client for a volcano mock server, with its keys.
-pub fn mock_client(server: &volcano_mock_server::MockServer) -> Client {
+pub(crate) fn mock_client(server: &volcano_mock_server::MockServer) -> Client {
     Client::builder()
         .anon_key(server.anon_key())
         .service_key(server.service_key())
@@ -44,7 +44,11 @@ pub fn mock_client(server: &volcano_mock_server::MockServer) -> Client {
 }
 
 /// Answers every `verb` request on `server` with `response`.
-pub async fn mount(server: &MockServer, verb: &str, response: impl wiremock::Respond + 'static) {
+pub(crate) async fn mount(
+    server: &MockServer,
+    verb: &str,
+    response: impl wiremock::Respond + 'static,
+) {
     Mock::given(wiremock::matchers::method(verb))
         .respond_with(response)
         .mount(server)
@@ -53,7 +57,7 @@ pub async fn mount(server: &MockServer, verb: &str, response: impl wiremock::Res
 
 /// A wiremock server whose unmatched requests get a descriptive 418, so a
 /// failing test says which request nobody expected.
-pub async fn server() -> MockServer {
+pub(crate) async fn server() -> MockServer {
     let server = MockServer::start().await;
     Mock::given(any())
         .respond_with(
@@ -68,7 +72,7 @@ pub async fn server() -> MockServer {
 
 /// A 201/200 lease body whose lease lasts a day past wiremock's `Date`, so
 /// a guard's deadline is the ttl it asked for.
-pub fn lease_body(status: u16, fencing_token: i64) -> ResponseTemplate {
+pub(crate) fn lease_body(status: u16, fencing_token: i64) -> ResponseTemplate {
     let expires_at = chrono::Utc::now() + chrono::TimeDelta::days(1);
     ResponseTemplate::new(status).set_body_json(serde_json::json!({
         "expires_at": expires_at.to_rfc3339(),
@@ -78,7 +82,7 @@ pub fn lease_body(status: u16, fencing_token: i64) -> ResponseTemplate {
 
 /// Answers the first `n` `verb` requests with a 503 that says
 /// `Retry-After: retry_after` (seconds), and the later ones with `then`.
-pub async fn unavailable_then(
+pub(crate) async fn unavailable_then(
     server: &MockServer,
     verb: &str,
     n: u64,
@@ -97,7 +101,7 @@ pub async fn unavailable_then(
 }
 
 /// A JSON error envelope.
-pub fn error_body(status: u16, message: &str, code: Option<&str>) -> ResponseTemplate {
+pub(crate) fn error_body(status: u16, message: &str, code: Option<&str>) -> ResponseTemplate {
     let mut body = serde_json::json!({ "error": message });
     if let Some(code) = code {
         body["code"] = code.into();
@@ -106,25 +110,25 @@ pub fn error_body(status: u16, message: &str, code: Option<&str>) -> ResponseTem
 }
 
 /// The requests wiremock received, excluding none.
-pub async fn received(server: &MockServer) -> Vec<wiremock::Request> {
+pub(crate) async fn received(server: &MockServer) -> Vec<wiremock::Request> {
     server.received_requests().await.unwrap_or_default()
 }
 
-pub fn header<'a>(request: &'a wiremock::Request, name: &str) -> Option<&'a str> {
+pub(crate) fn header<'a>(request: &'a wiremock::Request, name: &str) -> Option<&'a str> {
     request.headers.get(name).and_then(|v| v.to_str().ok())
 }
 
 /// A TCP server that reads each request in full, records it, then closes
 /// the connection without answering: a transport failure after the request
 /// was sent.
-pub struct Dropper {
+pub(crate) struct Dropper {
     pub url: String,
     pub requests: Arc<std::sync::Mutex<Vec<String>>>,
     count: Arc<AtomicUsize>,
 }
 
 impl Dropper {
-    pub async fn start() -> Dropper {
+    pub(crate) async fn start() -> Dropper {
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let url = format!("http://{}", listener.local_addr().unwrap());
         let requests = Arc::new(std::sync::Mutex::new(Vec::new()));
@@ -157,7 +161,7 @@ impl Dropper {
         }
     }
 
-    pub fn count(&self) -> usize {
+    pub(crate) fn count(&self) -> usize {
         self.count.load(Ordering::SeqCst)
     }
 }
@@ -177,7 +181,7 @@ fn request_complete(buf: &[u8]) -> bool {
 
 /// Waits until `condition` holds, checking every 10 ms, for at most `limit`.
 /// Returns whether it held: a wait on a condition, not a blind sleep.
-pub async fn eventually(limit: Duration, mut condition: impl FnMut() -> bool) -> bool {
+pub(crate) async fn eventually(limit: Duration, mut condition: impl FnMut() -> bool) -> bool {
     let deadline = tokio::time::Instant::now() + limit;
     loop {
         if condition() {
@@ -192,7 +196,7 @@ pub async fn eventually(limit: Duration, mut condition: impl FnMut() -> bool) ->
 
 /// A wiremock responder that moves a lease clock forward before answering:
 /// "this request took `by`" without waiting for it.
-pub struct AdvanceThen {
+pub(crate) struct AdvanceThen {
     pub clock: volcano::LeaseClock,
     pub by: Duration,
     pub response: ResponseTemplate,
@@ -206,7 +210,7 @@ impl wiremock::Respond for AdvanceThen {
 }
 
 /// A client whose scoped locks use `clock`.
-pub fn client_with_clock(url: &str, clock: &volcano::LeaseClock) -> Client {
+pub(crate) fn client_with_clock(url: &str, clock: &volcano::LeaseClock) -> Client {
     Client::builder()
         .anon_key(ANON_KEY)
         .service_key(SERVICE_KEY)
@@ -218,7 +222,7 @@ pub fn client_with_clock(url: &str, clock: &volcano::LeaseClock) -> Client {
 }
 
 /// The HTTP methods the server received, in order.
-pub async fn methods(server: &MockServer) -> Vec<String> {
+pub(crate) async fn methods(server: &MockServer) -> Vec<String> {
     received(server)
         .await
         .iter()
@@ -228,7 +232,7 @@ pub async fn methods(server: &MockServer) -> Vec<String> {
 
 /// Everything a test's `tracing` subscriber writes, for reading back.
 #[derive(Clone, Default)]
-pub struct Captured(pub Arc<std::sync::Mutex<Vec<u8>>>);
+pub(crate) struct Captured(pub Arc<std::sync::Mutex<Vec<u8>>>);
 
 impl std::io::Write for Captured {
     fn write(&mut self, buf: &[u8]) -> std::io::Result<usize> {
@@ -242,7 +246,7 @@ impl std::io::Write for Captured {
 
 impl Captured {
     /// Captures this thread's events up to `level` until the guard drops.
-    pub fn install(level: tracing::Level) -> (Captured, tracing::subscriber::DefaultGuard) {
+    pub(crate) fn install(level: tracing::Level) -> (Captured, tracing::subscriber::DefaultGuard) {
         let captured = Captured::default();
         let writer = captured.clone();
         let subscriber = tracing_subscriber::fmt()
@@ -255,7 +259,7 @@ impl Captured {
     }
 
     /// The logged lines that contain `what`.
-    pub fn lines(&self, what: &str) -> Vec<String> {
+    pub(crate) fn lines(&self, what: &str) -> Vec<String> {
         String::from_utf8_lossy(&self.0.lock().unwrap())
             .lines()
             .filter(|l| l.contains(what))

@@ -8,7 +8,7 @@ use tokio::sync::watch;
 
 use super::state::State;
 use crate::error::{LockLost, LostReason};
-use crate::locks::lease::LockLease;
+use crate::lease::LockLease;
 
 /// The handle a `with_lock` closure gets: the latest lease and the
 /// lost-ownership signal. Cheap to clone.

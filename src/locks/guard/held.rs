@@ -4,21 +4,20 @@
 
 use std::future::{Future, IntoFuture};
 use std::ops::Deref;
-use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::task::JoinHandle;
 use tracing::Instrument;
 
 use super::handle::LockGuard;
-use super::renewal::{renew_in_window, renewal_task, LiveRenewal};
+use super::renewal::{renew_in_window, Renewal};
 use super::state::{MaxHold, State};
 use crate::error::{Error, LockLost, LostReason, Result};
 use crate::locks::release;
-use crate::locks::{BoxFuture, Locks, Owner};
+use crate::locks::{Acquire, Locks};
 use crate::retry::is_transient;
 use crate::validate;
+use crate::BoxFuture;
 
 /// The shortest `max_hold`: a cap that ends a hold as soon as it begins
 /// would only churn the lock.
@@ -27,17 +26,25 @@ const MIN_MAX_HOLD: Duration = Duration::from_secs(1);
 /// `locks.hold(key, ttl)`; see [`Locks::hold`].
 ///
 /// A builder, not a future: `.await` it, or call `.send()` for a future
-/// that can be spawned or stored.
+/// that can be spawned or stored. It holds an [`Acquire`](crate::Acquire)
+/// and has the same options, plus [`Hold::max_hold`].
+///
+/// ```no_run
+/// # async fn demo(locks: volcano::Locks) -> Result<(), volcano::Error> {
+/// use std::time::Duration;
+/// // A stuck job cannot keep the report lock past an hour.
+/// let held = locks
+///     .hold("report", Duration::from_secs(30))
+///     .wait(Duration::from_secs(60))
+///     .max_hold(Duration::from_secs(3600))
+///     .await?;
+/// # let _ = held; Ok(()) }
+/// ```
 #[derive(Clone)]
 #[must_use = "a held lock is acquired only when this is awaited"]
 pub struct Hold {
-    pub(super) locks: Locks,
-    pub(super) key: String,
-    pub(super) ttl: Duration,
-    pub(super) token: Owner,
-    pub(super) request_id: Option<String>,
-    pub(super) wait: Option<Duration>,
-    pub(super) poll_interval: Option<Duration>,
+    /// The acquisition: key, ttl, token, request id, timeout, wait.
+    pub(super) acquire: Acquire,
     pub(super) max_hold: Option<Duration>,
     /// The span the acquire, the renewals and the release run in; by
     /// default a `volcano.hold` span under the caller's.
@@ -47,12 +54,7 @@ pub struct Hold {
 impl std::fmt::Debug for Hold {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Hold")
-            .field("key", &self.key)
-            .field("ttl", &self.ttl)
-            .field("token", &self.token)
-            .field("request_id", &self.request_id)
-            .field("wait", &self.wait)
-            .field("poll_interval", &self.poll_interval)
+            .field("acquire", &self.acquire)
             .field("max_hold", &self.max_hold)
             .finish_non_exhaustive()
     }
@@ -76,64 +78,34 @@ impl Locks {
     /// ```
     pub fn hold(&self, key: impl Into<String>, ttl: Duration) -> Hold {
         Hold {
-            locks: self.clone(),
-            key: key.into(),
-            ttl,
-            token: Owner::Fresh,
-            request_id: None,
-            wait: None,
-            poll_interval: None,
+            acquire: self.acquire(key, ttl),
             max_hold: None,
             span: None,
         }
     }
 }
 
+acquisition_setters!(impl[] Hold {
+    token,
+    request_id,
+    timeout,
+    wait,
+    poll_interval,
+    max_hold,
+});
+
 impl Hold {
-    /// Acquire with this ownership token (a UUID string, sent verbatim).
-    pub fn token(mut self, token: impl Into<String>) -> Self {
-        self.token = Owner::Caller(token.into());
+    fn acquire_spec(&mut self) -> &mut Acquire {
+        &mut self.acquire
+    }
+
+    fn hold_spec(&mut self) -> &mut Hold {
         self
     }
 
-    /// Acquire with this request id; renewals and the release use fresh ones.
-    pub fn request_id(mut self, request_id: impl Into<String>) -> Self {
-        self.request_id = Some(request_id.into());
-        self
-    }
-
-    /// If the lock is held, wait up to `timeout` for it (see
-    /// [`Acquire::wait`](crate::Acquire::wait)) before giving up with the
-    /// last `Error::Conflict`.
-    pub fn wait(mut self, timeout: Duration) -> Self {
-        self.wait = Some(timeout);
-        self
-    }
-
-    /// How often a wait tries for an early release (see
-    /// [`Acquire::poll_interval`](crate::Acquire::poll_interval)).
-    pub fn poll_interval(mut self, interval: Duration) -> Self {
-        self.poll_interval = Some(interval);
-        self
-    }
-
-    /// Holds the lock at most this long from when it was acquired: then
-    /// renewal stops, the lease is released, and the loss is reported as
-    /// [`LostReason::MaxHold`], whatever the protected code is doing (watch
-    /// `lost()`). A stuck job cannot keep the lock forever. At least 1 s.
-    ///
-    /// ```no_run
-    /// # async fn demo(locks: volcano::Locks) -> Result<(), volcano::Error> {
-    /// use std::time::Duration;
-    /// let held = locks
-    ///     .hold("report", Duration::from_secs(30))
-    ///     .max_hold(Duration::from_secs(3600))
-    ///     .await?;
-    /// # let _ = held; Ok(()) }
-    /// ```
-    pub fn max_hold(mut self, max_hold: Duration) -> Self {
-        self.max_hold = Some(max_hold);
-        self
+    /// The key to hold.
+    pub(super) fn key(&self) -> &str {
+        &self.acquire.key
     }
 
     /// Acquires, renews once at once if the acquire left no time before
@@ -142,39 +114,24 @@ impl Hold {
         // A child of the caller's span: the renewal task and any background
         // release log under it too, so a job's fields stay on its lock's logs.
         let span = self.span.take().unwrap_or_else(|| {
-            tracing::info_span!("volcano.hold", key = %self.key, fencing_token = tracing::field::Empty)
+            tracing::info_span!("volcano.hold", key = %self.key(), fencing_token = tracing::field::Empty)
         });
         self.acquire_in(span.clone()).instrument(span).await
     }
 
     async fn acquire_in(self, span: tracing::Span) -> Result<HeldLock> {
         let Hold {
-            locks,
-            key,
-            ttl,
-            token,
-            request_id,
-            wait,
-            poll_interval,
+            acquire,
             max_hold,
             span: _,
         } = self;
+        let ttl = acquire.ttl;
         validate::ttl(ttl)?;
         if max_hold.is_some_and(|d| d < MIN_MAX_HOLD) {
             return Err(Error::invalid("max_hold must be at least 1 s"));
         }
+        let locks = acquire.common.locks.clone();
         let clock = locks.client().lease_clock().clone();
-        let mut acquire = locks.acquire(key, ttl);
-        // Whoever chose the token, the acquire knows it: that decides
-        // whether an uncertain outcome is undone.
-        acquire.token = token;
-        acquire.poll_interval = poll_interval;
-        if let Some(request_id) = request_id {
-            acquire = acquire.request_id(request_id);
-        }
-        if let Some(timeout) = wait {
-            acquire = acquire.wait(timeout);
-        }
         let started = clock.now();
         let acquired = acquire.send_measured().await?;
         span.record("fencing_token", acquired.lease.fencing_token());
@@ -185,16 +142,13 @@ impl Hold {
         );
         let cap = max_hold.map(|d| MaxHold::after(d, clock.now(), &locks));
         let state = Arc::new(State::new(acquired, ttl, clock, started, cap));
-        // Armed from here on: dropping this future releases the lease.
+        // From here on dropping this future releases the lease.
         let mut held = HeldLock {
             guard: LockGuard { state },
             locks,
-            renewer: None,
-            armed: true,
             span,
-            held_since: Some(std::time::Instant::now()),
+            stage: Stage::Acquired,
         };
-        crate::telemetry::hold_started();
         // A slow or retried acquire may leave no time before the first
         // renewal: renew once before handing the lock over.
         let state = &held.guard.state;
@@ -205,7 +159,8 @@ impl Hold {
                 return Err(Error::LockLost(lost));
             }
         }
-        held.start_renewer();
+        let renewal = Renewal::start(&held.guard.state, &held.locks, &held.span);
+        held.stage = Stage::Renewing(renewal);
         Ok(held)
     }
 }
@@ -253,13 +208,20 @@ impl IntoFuture for Hold {
 pub struct HeldLock {
     guard: LockGuard,
     locks: Locks,
-    renewer: Option<JoinHandle<()>>,
-    /// The lease still needs releasing.
-    armed: bool,
     /// Where its renewals and release log.
     span: tracing::Span,
-    /// When it was acquired; taken when its end is counted.
-    held_since: Option<std::time::Instant>,
+    stage: Stage,
+}
+
+/// Where a held lock is in its life, and so what dropping it must do.
+enum Stage {
+    /// Acquired, not handed over yet (a renewal before the first may be
+    /// running): a drop releases the lease.
+    Acquired,
+    /// Handed over and renewing: a drop stops the renewal and releases.
+    Renewing(Renewal),
+    /// The release was sent: nothing left to do.
+    Released,
 }
 
 impl std::fmt::Debug for HeldLock {
@@ -298,18 +260,9 @@ impl HeldLock {
         self.finish_unscoped().instrument(span).await
     }
 
-    /// Counts the end of the hold, once.
-    fn count_end(&mut self) {
-        if let Some(since) = self.held_since.take() {
-            crate::telemetry::hold_ended(since.elapsed());
-        }
-    }
-
     async fn finish_unscoped(mut self) -> (Option<LockLost>, Result<()>) {
-        self.count_end();
-        if let Some(task) = self.renewer.take() {
-            task.abort();
-            let _ = task.await;
+        if let Stage::Renewing(renewal) = std::mem::replace(&mut self.stage, Stage::Acquired) {
+            renewal.stop().await;
         }
         let state = &self.guard.state;
         // Expiry counts up to this moment; time spent releasing does not.
@@ -318,18 +271,6 @@ impl HeldLock {
         state.mark(LockLost::new(state.key.clone(), LostReason::Released));
         let released = self.release_lease().await;
         (loss, released)
-    }
-
-    fn start_renewer(&mut self) {
-        let counter = self.locks.client().renewal_counter().clone();
-        counter.fetch_add(1, Ordering::SeqCst);
-        let live = LiveRenewal(counter);
-        let state = &self.guard.state;
-        let first_at = state.next_renewal_at();
-        self.renewer = Some(tokio::spawn(
-            renewal_task(state.clone(), self.locks.clone(), first_at, live)
-                .instrument(self.span.clone()),
-        ));
     }
 
     /// Releases the latest lease (see [`release::confirmed`]), all within
@@ -341,7 +282,7 @@ impl HeldLock {
         let lease = state.lease();
         let persistence = release::Persistence::foreground(&self.locks);
         let result = release::confirmed(&self.locks, &lease, persistence, None).await;
-        self.armed = false;
+        self.stage = Stage::Released;
         match &result {
             Ok(()) => tracing::info!(
                 key = lease.key(),
@@ -371,13 +312,12 @@ impl HeldLock {
 
 impl Drop for HeldLock {
     fn drop(&mut self) {
-        self.count_end();
-        if let Some(task) = self.renewer.take() {
-            task.abort();
-        }
-        if !self.armed {
+        let stage = std::mem::replace(&mut self.stage, Stage::Released);
+        if let Stage::Released = stage {
             return;
         }
+        // Stops the renewal, if it runs.
+        drop(stage);
         let _span = self.span.enter();
         let state = &self.guard.state;
         // A deadline already passed is an expiry (counted as a loss, and

@@ -12,7 +12,7 @@ use super::handle::LockGuard;
 use super::held::Hold;
 use crate::error::{Error, LostReason};
 use crate::locks::wait::DEFAULT_POLL;
-use crate::locks::{Locks, Owner};
+use crate::locks::{Acquire, Locks, Owner};
 use crate::validate;
 
 type Signal = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
@@ -20,22 +20,17 @@ type Signal = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 /// `locks.leader(key, ttl)`; see [`Locks::leader`].
 #[must_use = "leader election starts only when run(..) is awaited"]
 pub struct Leader {
-    locks: Locks,
-    key: String,
-    ttl: Duration,
+    /// How every campaign acquires and holds the lock (its token is
+    /// generated per campaign).
+    campaign: Hold,
     until: Option<Signal>,
-    poll_interval: Option<Duration>,
-    max_hold: Option<Duration>,
 }
 
 impl std::fmt::Debug for Leader {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Leader")
-            .field("key", &self.key)
-            .field("ttl", &self.ttl)
+            .field("campaign", &self.campaign)
             .field("until", &self.until.as_ref().map(|_| "..."))
-            .field("poll_interval", &self.poll_interval)
-            .field("max_hold", &self.max_hold)
             .finish()
     }
 }
@@ -63,6 +58,12 @@ impl Locks {
     /// `Err(e)`; after either, `term` is not called again.
     /// [`Leader::until`] steps down cleanly when a shutdown signal fires.
     /// `run` returns only after its release has finished.
+    ///
+    /// Followers wait quota-aware: each costs about one `get` per lease
+    /// period plus `60 / interval` acquires a minute, where the interval is
+    /// [`Leader::poll_interval`] (default 10 s). A leader that steps down
+    /// is replaced within about one interval, one that crashed within
+    /// ttl + 1 s. [`Leader::max_hold`] caps each term.
     ///
     /// Every term's fencing token is higher than the previous term's (each
     /// term is a new acquisition): hand it to the resource you protect, so
@@ -92,39 +93,30 @@ impl Locks {
     /// ```
     pub fn leader(&self, key: impl Into<String>, ttl: Duration) -> Leader {
         Leader {
-            locks: self.clone(),
-            key: key.into(),
-            ttl,
+            campaign: self.hold(key, ttl).wait(Duration::MAX),
             until: None,
-            poll_interval: None,
-            max_hold: None,
         }
     }
 }
 
+acquisition_setters!(impl[] Leader {
+    poll_interval,
+    max_hold,
+});
+
 impl Leader {
+    fn acquire_spec(&mut self) -> &mut Acquire {
+        &mut self.campaign.acquire
+    }
+
+    fn hold_spec(&mut self) -> &mut Hold {
+        &mut self.campaign
+    }
+
     /// Step down (drop the running term, release, return `Ok(())`) once
     /// `signal` completes, for example on SIGTERM.
     pub fn until(mut self, signal: impl Future<Output = ()> + Send + 'static) -> Self {
         self.until = Some(Box::pin(signal));
-        self
-    }
-
-    /// How often a follower tries for an early release while the leader's
-    /// lease has long to run (default 10 s; see
-    /// [`Acquire::poll_interval`](crate::Acquire::poll_interval)): a leader
-    /// that steps down is replaced within about this long, one that crashed
-    /// within ttl + 1 s. Each follower costs about one `get` per lease
-    /// period plus `60 / interval` acquires a minute.
-    pub fn poll_interval(mut self, interval: Duration) -> Self {
-        self.poll_interval = Some(interval);
-        self
-    }
-
-    /// Each term lasts at most this long: then its future is dropped, the
-    /// lease released, and the candidate campaigns again (another may win).
-    pub fn max_hold(mut self, max_hold: Duration) -> Self {
-        self.max_hold = Some(max_hold);
         self
     }
 
@@ -148,21 +140,13 @@ impl Leader {
         Fut: Future<Output = std::result::Result<(), E>> + Send,
         E: From<Error> + Send,
     {
-        let Leader {
-            locks,
-            key,
-            ttl,
-            until,
-            poll_interval,
-            max_hold,
-        } = self;
-        validate::ttl(ttl)?;
+        let Leader { campaign, until } = self;
+        let locks = campaign.acquire.common.locks.clone();
+        let key = campaign.key().to_owned();
+        validate::ttl(campaign.acquire.ttl)?;
         validate::key(&key)?;
         let until: Signal = until.unwrap_or_else(|| Box::pin(std::future::pending()));
         let mut tokens = Vec::new();
-        let mut campaign = locks.hold(key.clone(), ttl).wait(Duration::MAX);
-        campaign.poll_interval = poll_interval;
-        campaign.max_hold = max_hold;
         let result = campaign_and_lead(&campaign, until, &mut term, &mut tokens).await;
         // A release under any campaign's token may still be running in the
         // background: an acquire being undone, or a term's release that
@@ -170,7 +154,11 @@ impl Leader {
         // client timeout, as a held lock's release; past it they go on,
         // and `Client::shutdown` waits for them).
         let client = locks.client();
-        if !client.await_releases(&key, &tokens, client.timeout()).await {
+        if !client
+            .background()
+            .await_releases(&key, &tokens, client.timeout())
+            .await
+        {
             tracing::warn!(
                 key = %key,
                 "leader's release still running in the background; Client::shutdown waits for it"
@@ -193,7 +181,7 @@ where
     Fut: Future<Output = std::result::Result<(), E>> + Send,
     E: From<Error> + Send,
 {
-    let key = &campaign.key;
+    let key = campaign.key();
     loop {
         // Campaign: one token for the whole wait; a fresh one per term, so
         // a new term is always a new acquisition with a higher fencing
@@ -210,7 +198,7 @@ where
         let token = validate::new_uuid();
         tokens.push(token.clone());
         let mut this = campaign.clone();
-        this.token = Owner::Sdk(token);
+        this.acquire.token = Owner::Sdk(token);
         this.span = Some(span.clone());
         // The campaign's future is dropped before the arms run: what it may
         // have obtained is then being released in the background.
@@ -249,7 +237,7 @@ where
                 // try every poll interval, so wait about one before
                 // campaigning again (or step down meanwhile).
                 if lost.is_some_and(|l| l.reason() == LostReason::MaxHold) {
-                    let poll = campaign.poll_interval.unwrap_or(DEFAULT_POLL);
+                    let poll = campaign.acquire.poll_interval.unwrap_or(DEFAULT_POLL);
                     let pause = poll.mul_f64(1.0 + 0.2 * rand::random::<f64>());
                     tokio::select! {
                         biased;

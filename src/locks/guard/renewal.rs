@@ -3,30 +3,21 @@
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
+
+use tokio::task::JoinHandle;
+use tracing::Instrument;
 
 use super::state::State;
-use super::{REQUEST_BUDGET, SAFETY_MARGIN};
+use super::SAFETY_MARGIN;
 use crate::error::{Error, LockLost, LostReason};
 use crate::locks::Locks;
 use crate::retry::{self, is_transient};
 use crate::validate;
 
-/// Renewals are never further apart than this.
-const MAX_RENEW_DELAY: Duration = Duration::from_secs(60);
 /// A pause cut short to fit the window leaves the last attempt this long.
 const LAST_ATTEMPT: Duration = Duration::from_millis(500);
 const BACKOFF_MAX: Duration = Duration::from_secs(2);
-
-/// Delay before the next renewal (protocol 5.3): about ttl/3, at most 60 s,
-/// ±10 % jitter (`u` uniform in [0, 1)), and never later than 2 s before
-/// the local deadline (`remaining` from now). Zero means renew now.
-pub(super) fn renewal_delay(ttl: Duration, remaining: Duration, u: f64) -> Duration {
-    let base = (ttl / 3).min(MAX_RENEW_DELAY);
-    let latest = remaining.saturating_sub(SAFETY_MARGIN + REQUEST_BUDGET);
-    let delay = base.min(latest).mul_f64(0.9 + 0.2 * u.clamp(0.0, 1.0));
-    delay.min(latest)
-}
 
 /// Renews until it succeeds, the lease is definitively refused, or no
 /// attempt can arrive in time. Each attempt's timeout ends where the safe
@@ -178,9 +169,49 @@ impl Drop for Tally<'_> {
     }
 }
 
+/// A hold's renewal task, owned: started when the lock is handed over,
+/// aborted when this is dropped or stopped. While it exists the lock
+/// counts in `volcano_lock_held` (its end in `volcano_lock_hold_seconds`);
+/// while the task runs, in the client's live renewals.
+pub(super) struct Renewal {
+    task: JoinHandle<()>,
+    since: Instant,
+}
+
+impl Renewal {
+    /// Starts renewing at the state's next due time, in `span`.
+    pub(super) fn start(state: &Arc<State>, locks: &Locks, span: &tracing::Span) -> Self {
+        let counter = locks.client().renewal_counter().clone();
+        counter.fetch_add(1, Ordering::SeqCst);
+        let live = LiveRenewal(counter);
+        let first_at = state.next_renewal_at();
+        let task = tokio::spawn(
+            renewal_task(state.clone(), locks.clone(), first_at, live).instrument(span.clone()),
+        );
+        crate::telemetry::hold_started();
+        Renewal {
+            task,
+            since: Instant::now(),
+        }
+    }
+
+    /// Stops the task and waits until it has ended.
+    pub(super) async fn stop(mut self) {
+        self.task.abort();
+        let _ = (&mut self.task).await;
+    }
+}
+
+impl Drop for Renewal {
+    fn drop(&mut self) {
+        self.task.abort();
+        crate::telemetry::hold_ended(self.since.elapsed());
+    }
+}
+
 /// Decrements the client's live-renewal count when the task ends or is
 /// aborted.
-pub(super) struct LiveRenewal(pub(super) Arc<AtomicUsize>);
+struct LiveRenewal(Arc<AtomicUsize>);
 
 impl Drop for LiveRenewal {
     fn drop(&mut self) {
@@ -191,12 +222,7 @@ impl Drop for LiveRenewal {
 /// Renews at each due time (`next_at`, a lease-clock reading fixed when the
 /// lease was obtained, not when the task first runs) until the lock is lost
 /// or the task is aborted.
-pub(super) async fn renewal_task(
-    state: Arc<State>,
-    locks: Locks,
-    mut next_at: Duration,
-    _live: LiveRenewal,
-) {
+async fn renewal_task(state: Arc<State>, locks: Locks, mut next_at: Duration, _live: LiveRenewal) {
     loop {
         if !state.sleep_while_held(next_at).await {
             break;
@@ -220,32 +246,5 @@ pub(super) async fn renewal_task(
             break;
         }
         next_at = state.next_renewal_at();
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    const S: fn(u64) -> Duration = Duration::from_secs;
-
-    #[test]
-    fn renewal_cadence_follows_ruby() {
-        // ttl 30 -> about 10 s, within ±10 %.
-        assert_eq!(renewal_delay(S(30), S(30), 0.5), S(10));
-        assert_eq!(renewal_delay(S(30), S(30), 0.0), Duration::from_secs(9));
-        assert!(renewal_delay(S(30), S(30), 0.999_999) < Duration::from_millis(11_000));
-        // ttl 300 -> 60 s cap.
-        assert_eq!(renewal_delay(S(300), S(300), 0.5), S(60));
-        // ttl 5 -> about 1.67 s.
-        let d = renewal_delay(S(5), S(5), 0.5);
-        assert!(
-            d > Duration::from_millis(1_660) && d < Duration::from_millis(1_670),
-            "{d:?}"
-        );
-        // Never later than 2 s before the deadline; zero when ≤ 2 s remain.
-        assert_eq!(renewal_delay(S(30), S(5), 1.0), S(3));
-        assert_eq!(renewal_delay(S(30), S(2), 0.5), Duration::ZERO);
-        assert_eq!(renewal_delay(S(30), Duration::ZERO, 0.5), Duration::ZERO);
     }
 }

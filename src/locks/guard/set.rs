@@ -19,8 +19,9 @@ use super::handle::LockGuard;
 use super::held::{HeldLock, Hold};
 use super::with_lock::CatchUnwind;
 use crate::error::{Error, LockLost, Result};
-use crate::locks::{BoxFuture, Locks};
+use crate::locks::{Acquire, Locks};
 use crate::validate;
+use crate::BoxFuture;
 
 /// `locks.hold_all(keys, ttl)`; see [`Locks::hold_all`].
 ///
@@ -40,7 +41,8 @@ impl Locks {
     /// [`Locks::hold`]. All or nothing: if one cannot be had (held
     /// elsewhere past the wait, an error, the future dropped), the keys
     /// already taken are released before this returns, and an acquire
-    /// whose outcome is unknown is undone.
+    /// whose outcome is unknown is undone. [`HoldAll::wait`] is one
+    /// deadline for the whole set.
     ///
     /// ```no_run
     /// # async fn demo(locks: volcano::Locks) -> Result<(), volcano::Error> {
@@ -107,25 +109,19 @@ impl Locks {
     }
 }
 
+acquisition_setters!(impl[] HoldAll {
+    wait,
+    poll_interval,
+    max_hold,
+});
+
 impl HoldAll {
-    /// If a key is held, wait for it; `timeout` is one deadline for the
-    /// whole set (see [`Acquire::wait`](crate::Acquire::wait)).
-    pub fn wait(mut self, timeout: Duration) -> Self {
-        self.hold = self.hold.wait(timeout);
-        self
+    fn acquire_spec(&mut self) -> &mut Acquire {
+        &mut self.hold.acquire
     }
 
-    /// How often a wait tries for an early release (see
-    /// [`Acquire::poll_interval`](crate::Acquire::poll_interval)).
-    pub fn poll_interval(mut self, interval: Duration) -> Self {
-        self.hold = self.hold.poll_interval(interval);
-        self
-    }
-
-    /// Holds each key at most this long (see [`Hold::max_hold`]).
-    pub fn max_hold(mut self, max_hold: Duration) -> Self {
-        self.hold = self.hold.max_hold(max_hold);
-        self
+    fn hold_spec(&mut self) -> &mut Hold {
+        &mut self.hold
     }
 
     /// Acquires: the future `.await` runs, as a value that can be spawned
@@ -142,17 +138,20 @@ impl HoldAll {
             return Err(Error::invalid("hold_all needs at least one key"));
         }
         // Nothing is sent when any argument is invalid.
-        validate::ttl(hold.ttl)?;
+        validate::ttl(hold.acquire.ttl)?;
         for key in &keys {
             validate::key(key)?;
         }
-        let deadline = hold.wait.map(|timeout| Instant::now().checked_add(timeout));
+        let deadline = hold
+            .acquire
+            .wait
+            .map(|timeout| Instant::now().checked_add(timeout));
         // Dropped with this future, each one hands its release to the client.
         let mut held: Vec<HeldLock> = Vec::with_capacity(keys.len());
         for key in keys {
             let mut one = hold.clone();
-            one.key = key;
-            one.wait = deadline.map(|deadline| {
+            one.acquire.key = key;
+            one.acquire.wait = deadline.map(|deadline| {
                 deadline.map_or(Duration::MAX, |d| {
                     d.saturating_duration_since(Instant::now())
                 })
@@ -340,23 +339,19 @@ impl<F> std::fmt::Debug for WithLocks<'_, F> {
     }
 }
 
+acquisition_setters!(impl[F] WithLocks<'_, F> {
+    wait,
+    poll_interval,
+    max_hold,
+});
+
 impl<F> WithLocks<'_, F> {
-    /// One deadline for the whole set (see [`HoldAll::wait`]).
-    pub fn wait(mut self, timeout: Duration) -> Self {
-        self.all = self.all.wait(timeout);
-        self
+    fn acquire_spec(&mut self) -> &mut Acquire {
+        self.all.acquire_spec()
     }
 
-    /// See [`Acquire::poll_interval`](crate::Acquire::poll_interval).
-    pub fn poll_interval(mut self, interval: Duration) -> Self {
-        self.all = self.all.poll_interval(interval);
-        self
-    }
-
-    /// Holds each key at most this long (see [`Hold::max_hold`]).
-    pub fn max_hold(mut self, max_hold: Duration) -> Self {
-        self.all = self.all.max_hold(max_hold);
-        self
+    fn hold_spec(&mut self) -> &mut Hold {
+        self.all.hold_spec()
     }
 }
 

@@ -6,14 +6,26 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::renewal::renewal_delay;
 use super::{REQUEST_BUDGET, SAFETY_MARGIN};
+use crate::clock::{Jumps, LeaseClock};
 use crate::error::{LockLost, LostReason};
-use crate::locks::clock::{Jumps, LeaseClock};
-use crate::locks::lease::LockLease;
+use crate::lease::LockLease;
 use crate::locks::{release, Locks, Measured};
 use crate::realtime::{Stopwatch, PAUSED_CLOCK};
 use crate::validate;
+
+/// Renewals are never further apart than this.
+const MAX_RENEW_DELAY: Duration = Duration::from_secs(60);
+
+/// Delay before the next renewal (protocol 5.3): about ttl/3, at most 60 s,
+/// ±10 % jitter (`u` uniform in [0, 1)), and never later than 2 s before
+/// the local deadline (`remaining` from now). Zero means renew now.
+fn renewal_delay(ttl: Duration, remaining: Duration, u: f64) -> Duration {
+    let base = (ttl / 3).min(MAX_RENEW_DELAY);
+    let latest = remaining.saturating_sub(SAFETY_MARGIN + REQUEST_BUDGET);
+    let delay = base.min(latest).mul_f64(0.9 + 0.2 * u.clamp(0.0, 1.0));
+    delay.min(latest)
+}
 
 /// The lease-clock deadline of a lease obtained by a request sent at
 /// `sent_at`: the ttl asked for or the time the server granted, whichever
@@ -23,7 +35,8 @@ fn deadline(measured: &Measured, ttl: Duration, cap: Duration) -> Duration {
     measured.sent_at.saturating_add(lasts).min(cap)
 }
 
-struct Held {
+/// What is known about the lease now; changes with each renewal.
+struct Current {
     lease: LockLease,
     /// Lease-clock reading after which the lease may be gone.
     deadline: Duration,
@@ -64,7 +77,7 @@ pub(super) struct State {
     /// When the lock ends by `max_hold`, if set, and the handle that
     /// releases it then.
     max_hold: Option<MaxHold>,
-    held: Mutex<Held>,
+    current: Mutex<Current>,
     pub(super) lost: watch::Sender<bool>,
 }
 
@@ -85,7 +98,7 @@ impl State {
             ttl,
             cap,
             max_hold,
-            held: Mutex::new(Held {
+            current: Mutex::new(Current {
                 deadline: deadline(&acquired, ttl, cap),
                 lease: acquired.lease,
                 failure: None,
@@ -97,20 +110,20 @@ impl State {
         }
     }
 
-    fn held(&self) -> MutexGuard<'_, Held> {
-        crate::lock_unpoisoned(&self.held)
+    fn current(&self) -> MutexGuard<'_, Current> {
+        crate::lock_unpoisoned(&self.current)
     }
 
     pub(super) fn lease(&self) -> LockLease {
-        self.held().lease.clone()
+        self.current().lease.clone()
     }
 
     pub(super) fn deadline(&self) -> Duration {
-        self.held().deadline
+        self.current().deadline
     }
 
     pub(super) fn failure(&self) -> Option<LockLost> {
-        self.held().failure.clone()
+        self.current().failure.clone()
     }
 
     pub(super) fn remaining(&self) -> Duration {
@@ -125,9 +138,9 @@ impl State {
     /// holds the lease a whole ttl from now.
     pub(super) fn server_may_hold_for(&self) -> Duration {
         let unsettled = {
-            let held = self.held();
-            held.renewal_unsettled
-                || held
+            let current = self.current();
+            current.renewal_unsettled
+                || current
                     .failure
                     .as_ref()
                     .is_some_and(|lost| lost.reason() == LostReason::Expired)
@@ -146,13 +159,13 @@ impl State {
     /// with the same token then supersedes it rather than race it).
     pub(super) fn mark(&self, lost: LockLost) {
         let (fencing_token, lease) = {
-            let mut held = self.held();
-            if held.failure.is_some() {
+            let mut current = self.current();
+            if current.failure.is_some() {
                 return;
             }
-            held.failure = Some(lost.clone());
-            held.jumps = None;
-            (held.lease.fencing_token(), held.lease.clone())
+            current.failure = Some(lost.clone());
+            current.jumps = None;
+            (current.lease.fencing_token(), current.lease.clone())
         };
         if let (LostReason::MaxHold, Some(cap)) = (lost.reason(), &self.max_hold) {
             tracing::info!(key = %self.key, fencing_token, "max hold time reached; releasing");
@@ -178,11 +191,11 @@ impl State {
     /// holds even when no task has run.
     pub(super) fn check(&self) -> bool {
         let deadline = {
-            let held = self.held();
-            if held.failure.is_some() {
+            let current = self.current();
+            if current.failure.is_some() {
                 return true;
             }
-            held.deadline
+            current.deadline
         };
         // An expiry first: past its deadline the lease may be another's,
         // whatever the cap says.
@@ -210,17 +223,17 @@ impl State {
     /// Records that a renewal is being sent (its outcome unknown until
     /// [`State::renewal_settled`]).
     pub(super) fn renewal_sent(&self) {
-        self.held().renewal_unsettled = true;
+        self.current().renewal_unsettled = true;
     }
 
     /// Records that the renewal sent was answered.
     pub(super) fn renewal_settled(&self) {
-        self.held().renewal_unsettled = false;
+        self.current().renewal_unsettled = false;
     }
 
     /// A watch of the clock's jumps from now on (none once lost).
     fn jumps(&self) -> Jumps {
-        self.held()
+        self.current()
             .jumps
             .as_ref()
             .map_or_else(Jumps::none, Jumps::watch)
@@ -228,14 +241,14 @@ impl State {
 
     /// Takes a renewal.
     pub(super) fn renewed(&self, renewed: Measured) -> Result<(), LockLost> {
-        let mut held = self.held();
-        if let Some(failure) = &held.failure {
+        let mut current = self.current();
+        if let Some(failure) = &current.failure {
             return Err(failure.clone());
         }
-        held.deadline = deadline(&renewed, self.ttl, self.cap);
-        held.lease = renewed.lease;
-        let left = held.deadline.saturating_sub(self.clock.now());
-        drop(held);
+        current.deadline = deadline(&renewed, self.ttl, self.cap);
+        current.lease = renewed.lease;
+        let left = current.deadline.saturating_sub(self.clock.now());
+        drop(current);
         if left <= SAFETY_MARGIN + REQUEST_BUDGET {
             return Err(LockLost::new(self.key.clone(), LostReason::NoSafeWindow));
         }
@@ -313,21 +326,7 @@ impl State {
     /// Completes when the lock is lost: marked, or its deadline passed (the
     /// expiry is recorded then).
     pub(super) async fn wait_lost(&self) {
-        let mut lost = self.lost.subscribe();
-        loop {
-            let mut jumps = self.jumps();
-            if self.check() {
-                return;
-            }
-            let stopwatch = Stopwatch::start();
-            tokio::select! {
-                _ = lost.changed() => {}
-                _ = tokio::time::sleep(self.ends_at().saturating_sub(self.clock.now())) => {
-                    self.check_runtime_clock(&stopwatch)
-                }
-                _ = jumps.next() => {}
-            }
-        }
+        self.sleep_while_held(Duration::MAX).await;
     }
 }
 
@@ -336,6 +335,26 @@ mod tests {
     use super::*;
 
     const S: fn(u64) -> Duration = Duration::from_secs;
+
+    #[test]
+    fn renewal_cadence_follows_ruby() {
+        // ttl 30 -> about 10 s, within ±10 %.
+        assert_eq!(renewal_delay(S(30), S(30), 0.5), S(10));
+        assert_eq!(renewal_delay(S(30), S(30), 0.0), Duration::from_secs(9));
+        assert!(renewal_delay(S(30), S(30), 0.999_999) < Duration::from_millis(11_000));
+        // ttl 300 -> 60 s cap.
+        assert_eq!(renewal_delay(S(300), S(300), 0.5), S(60));
+        // ttl 5 -> about 1.67 s.
+        let d = renewal_delay(S(5), S(5), 0.5);
+        assert!(
+            d > Duration::from_millis(1_660) && d < Duration::from_millis(1_670),
+            "{d:?}"
+        );
+        // Never later than 2 s before the deadline; zero when ≤ 2 s remain.
+        assert_eq!(renewal_delay(S(30), S(5), 1.0), S(3));
+        assert_eq!(renewal_delay(S(30), S(2), 0.5), Duration::ZERO);
+        assert_eq!(renewal_delay(S(30), Duration::ZERO, 0.5), Duration::ZERO);
+    }
 
     fn measured(lease: &LockLease, sent_at: Duration, granted: Option<Duration>) -> Measured {
         Measured {

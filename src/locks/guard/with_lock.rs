@@ -16,7 +16,7 @@ use tracing::Instrument;
 use super::handle::LockGuard;
 use super::held::Hold;
 use crate::error::Error;
-use crate::locks::Locks;
+use crate::locks::{Acquire, Locks};
 
 /// `locks.with_lock(key, ttl, f)`; see [`Locks::with_lock`].
 ///
@@ -162,45 +162,35 @@ impl Locks {
     }
 }
 
+acquisition_setters!(impl[F, E] WithLock<'_, F, E> {
+    token,
+    request_id,
+    timeout,
+    wait,
+    poll_interval,
+    max_hold,
+});
+
+acquisition_setters!(impl[F, E] TryWithLock<'_, F, E> {
+    token,
+    request_id,
+    timeout,
+    wait,
+    poll_interval,
+    max_hold,
+});
+
 impl<F, E> WithLock<'_, F, E> {
-    /// Acquire with this ownership token (a UUID string, sent verbatim).
-    pub fn token(mut self, token: impl Into<String>) -> Self {
-        self.hold = self.hold.token(token);
-        self
+    fn acquire_spec(&mut self) -> &mut Acquire {
+        &mut self.hold.acquire
     }
 
-    /// Acquire with this request id; renewals and the release use fresh ones.
-    pub fn request_id(mut self, request_id: impl Into<String>) -> Self {
-        self.hold = self.hold.request_id(request_id);
-        self
+    fn hold_spec(&mut self) -> &mut Hold {
+        &mut self.hold
     }
 
-    /// If the lock is held, wait up to `timeout` for it (see
-    /// [`Acquire::wait`](crate::Acquire::wait)) before giving up with the
-    /// last `Error::Conflict`.
-    pub fn wait(mut self, timeout: Duration) -> Self {
-        self.hold = self.hold.wait(timeout);
-        self
-    }
-
-    /// How often a wait tries for an early release (see
-    /// [`Acquire::poll_interval`](crate::Acquire::poll_interval)).
-    pub fn poll_interval(mut self, interval: Duration) -> Self {
-        self.hold = self.hold.poll_interval(interval);
-        self
-    }
-
-    /// Holds the lock at most this long (see
-    /// [`Hold::max_hold`](crate::Hold::max_hold)); `f` then sees the loss
-    /// (`LostReason::MaxHold`), and with [`WithLock::cancel_on_loss`] is
-    /// stopped.
-    pub fn max_hold(mut self, max_hold: Duration) -> Self {
-        self.hold = self.hold.max_hold(max_hold);
-        self
-    }
-
-    /// Stop `f` at its next await point once ownership is lost, and return
-    /// `Error::LockLost`.
+    /// Stop `f` at its next await point once ownership is lost (a
+    /// `max_hold` too), and return `Error::LockLost`.
     pub fn cancel_on_loss(mut self) -> Self {
         self.cancel_on_loss = true;
         self
@@ -208,36 +198,16 @@ impl<F, E> WithLock<'_, F, E> {
 }
 
 impl<F, E> TryWithLock<'_, F, E> {
-    /// Acquire with this ownership token (a UUID string, sent verbatim).
-    pub fn token(self, token: impl Into<String>) -> Self {
-        TryWithLock(self.0.token(token))
+    fn acquire_spec(&mut self) -> &mut Acquire {
+        self.0.acquire_spec()
     }
 
-    /// Acquire with this request id; renewals and the release use fresh ones.
-    pub fn request_id(self, request_id: impl Into<String>) -> Self {
-        TryWithLock(self.0.request_id(request_id))
+    fn hold_spec(&mut self) -> &mut Hold {
+        self.0.hold_spec()
     }
 
-    /// If the lock is held, wait up to `timeout` for it before skipping
-    /// (`Ok(None)`).
-    pub fn wait(self, timeout: Duration) -> Self {
-        TryWithLock(self.0.wait(timeout))
-    }
-
-    /// How often a wait tries for an early release (see
-    /// [`Acquire::poll_interval`](crate::Acquire::poll_interval)).
-    pub fn poll_interval(self, interval: Duration) -> Self {
-        TryWithLock(self.0.poll_interval(interval))
-    }
-
-    /// Holds the lock at most this long (see
-    /// [`Hold::max_hold`](crate::Hold::max_hold)).
-    pub fn max_hold(self, max_hold: Duration) -> Self {
-        TryWithLock(self.0.max_hold(max_hold))
-    }
-
-    /// Stop `f` at its next await point once ownership is lost, and return
-    /// `Error::LockLost`.
+    /// Stop `f` at its next await point once ownership is lost (a
+    /// `max_hold` too), and return `Error::LockLost`.
     pub fn cancel_on_loss(self) -> Self {
         TryWithLock(self.0.cancel_on_loss())
     }
@@ -308,7 +278,7 @@ where
         // the caller's; `f` runs in it too.
         let span = tracing::info_span!(
             "volcano.with_lock",
-            key = %hold.key,
+            key = %hold.key(),
             fencing_token = tracing::field::Empty
         );
         hold.span = Some(span.clone());
