@@ -1,17 +1,15 @@
 //! [`MockServerBuilder`]: the address, the keys, the quota and the read
-//! timeout of a [`MockServer`], and starting it: bind, then spawn the
-//! connection loop and the sweep, both stopped when the server is dropped.
+//! timeout of a `MockServer`, checked and turned into the [`Config`] it
+//! starts with. Starting it (bind, then spawn the connection loop and the
+//! sweep) is in lib.rs, the floor above the router, so this file stays
+//! below it.
 
 use std::io;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
-use std::sync::Arc;
 use std::time::Duration;
 
-use tokio::net::TcpListener;
-use tokio::sync::watch;
-
-use crate::conn::{self, HEADER_READ_TIMEOUT};
-use crate::{request, MockServer, Shared};
+use crate::conn::HEADER_READ_TIMEOUT;
+use crate::shared::Config;
 
 /// Service key accepted unless another is configured.
 pub const DEFAULT_SERVICE_KEY: &str = "volcano-mock-service-key";
@@ -21,16 +19,8 @@ pub const DEFAULT_ANON_KEY: &str = "volcano-mock-anon-key";
 
 const MAX_READ_TIMEOUT: Duration = Duration::from_secs(86_400);
 
-/// Server configuration, fixed when it starts.
-#[derive(Debug, Clone)]
-pub(crate) struct Config {
-    pub(crate) service_key: String,
-    pub(crate) anon_key: String,
-    pub(crate) rate_limit: Option<u32>,
-    pub(crate) header_read_timeout: Duration,
-}
-
-/// Configures a [`MockServer`]; see [`MockServer::builder`].
+/// Configures a [`MockServer`](crate::MockServer); see
+/// [`MockServer::builder`](crate::MockServer::builder).
 #[derive(Debug, Clone)]
 pub struct MockServerBuilder {
     addr: SocketAddr,
@@ -93,52 +83,27 @@ impl MockServerBuilder {
         self
     }
 
-    /// Starts the server on the current tokio runtime.
-    ///
-    /// # Panics
-    /// If the address cannot be bound; use [`MockServerBuilder::try_start`]
-    /// to handle that.
-    pub async fn start(self) -> MockServer {
-        let addr = self.addr;
-        match self.try_start().await {
-            Ok(server) => server,
-            Err(err) => panic!("volcano mock server could not listen on {addr}: {err}"),
-        }
+    /// The address to listen on, as configured.
+    pub(crate) fn addr(&self) -> SocketAddr {
+        self.addr
     }
 
-    /// Starts the server, or says why it could not.
-    pub async fn try_start(self) -> io::Result<MockServer> {
+    /// The address to listen on and the configuration to start with, or
+    /// why the keys cannot serve: the service key must be non-empty and
+    /// differ from the anon key.
+    pub(crate) fn into_config(self) -> io::Result<(SocketAddr, Config)> {
         if self.service_key.is_empty() || self.service_key == self.anon_key {
             return Err(io::Error::new(
                 io::ErrorKind::InvalidInput,
                 "the service key must be non-empty and differ from the anon key",
             ));
         }
-        let listener = TcpListener::bind(self.addr).await?;
-        let addr = listener.local_addr()?;
-        let shared = Arc::new(Shared::new(Config {
+        let config = Config {
             service_key: self.service_key,
             anon_key: self.anon_key,
             rate_limit: self.rate_limit,
             header_read_timeout: self.header_read_timeout,
-        }));
-        let (shutdown, stop) = watch::channel(false);
-        tokio::spawn(conn::serve(
-            listener,
-            request::router(shared.clone()),
-            shared.config.header_read_timeout,
-            stop.clone(),
-        ));
-        tokio::spawn(conn::sweep(shared.clone(), stop));
-        let url = match addr {
-            SocketAddr::V6(v6) => format!("http://[{}]:{}", v6.ip(), v6.port()),
-            SocketAddr::V4(v4) => format!("http://{v4}"),
         };
-        Ok(MockServer {
-            addr,
-            url,
-            shared,
-            shutdown,
-        })
+        Ok((self.addr, config))
     }
 }

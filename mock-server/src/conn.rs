@@ -17,8 +17,8 @@ use tokio::net::TcpListener;
 use tokio::sync::{watch, Notify};
 use tower::ServiceExt;
 
-use crate::request::Reject;
-use crate::Shared;
+use crate::reject::Reject;
+use crate::shared::Shared;
 
 /// How long a client may take to send its request headers (default).
 pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);

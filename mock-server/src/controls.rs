@@ -1,7 +1,7 @@
 //! The test controls served under `/__mock/` (no credential), for tests
 //! written in other languages: the same faults, clock, journal, lock list
-//! and reset that [`MockServer`](crate::MockServer) offers in process.
-//! Their bodies are limited and timed like the lock API's.
+//! and reset that `MockServer` offers in process. Their bodies are limited
+//! and timed like the lock API's. The router mounts [`routes`].
 
 use std::convert::Infallible;
 use std::sync::Arc;
@@ -20,9 +20,10 @@ use serde_json::json;
 use crate::clock::json_time;
 use crate::fault::{Fault, InvalidFault};
 use crate::journal::RecordedRequest;
-use crate::request::{bad_request, read_body, Reject};
+use crate::reject::{bad_request, Reject};
+use crate::request::read_body;
+use crate::shared::Shared;
 use crate::state::LockSnapshot;
-use crate::Shared;
 
 /// The `/__mock/` routes, each body read (and limited) before its handler
 /// runs.
@@ -37,8 +38,8 @@ pub(crate) fn routes(shared: Arc<Shared>) -> Router<Arc<Shared>> {
 }
 
 /// Reads a control request's body before its handler runs: over
-/// [`MAX_BODY`](crate::MAX_BODY), or not sent in time, is a 400 as on the
-/// lock routes.
+/// [`MAX_BODY`](crate::request::MAX_BODY), or not sent in time, is a 400
+/// as on the lock routes.
 async fn limit_control_body(
     State(shared): State<Arc<Shared>>,
     request: Request,

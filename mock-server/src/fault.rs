@@ -1,7 +1,8 @@
-//! Fault injection: answers and failures the mock server produces on demand.
+//! Fault specs: what a test asks the server to do wrong ([`Fault`], its
+//! [`FaultKind`] and [`Operation`] scope), as built in Rust or parsed from
+//! the JSON of `POST /__mock/faults`, and the check that one can take
+//! effect ([`InvalidFault`]). Storing and matching them is `fault_store`.
 
-use crate::lock_unpoisoned;
-use std::sync::Mutex;
 use std::time::Duration;
 
 use serde::{Deserialize, Serialize};
@@ -23,12 +24,6 @@ pub enum Operation {
     ForceRelease,
     /// Every operation (faults only).
     Any,
-}
-
-impl Operation {
-    fn covers(self, op: Operation) -> bool {
-        self == Operation::Any || self == op
-    }
 }
 
 /// What an injected fault does.
@@ -92,9 +87,10 @@ pub struct Fault {
     /// Affect only every n-th matching request (default: each one).
     #[serde(default)]
     pub every: Option<u32>,
-    /// Matching requests seen so far (for `every`).
+    /// Matching requests seen so far (for `every`; counted by the fault
+    /// store).
     #[serde(skip)]
-    seen: u32,
+    pub(crate) seen: u32,
 }
 
 fn any() -> Operation {
@@ -174,24 +170,6 @@ impl Fault {
         self.every = Some(n.max(1));
         self
     }
-
-    fn matches(&self, op: Operation, key: &str) -> bool {
-        self.operation.covers(op)
-            && self.key.as_deref().is_none_or(|k| k == key)
-            && self.times != Some(0)
-    }
-}
-
-/// The faults that apply to one request.
-#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
-pub(crate) struct Planned {
-    /// Wait before applying (every matching `delay`, added up).
-    pub(crate) delay: Duration,
-    /// Wait after applying, before answering (every matching
-    /// `delay_response`, added up).
-    pub(crate) delay_response: Duration,
-    /// The first matching status, drop_response or reset fault.
-    pub(crate) action: Option<FaultKind>,
 }
 
 /// Most faults pending at once; past it an inject is refused. A fault
@@ -255,201 +233,9 @@ impl Fault {
     }
 }
 
-/// The injected faults, consumed in the order they were injected, indexed
-/// by operation and key: a request looks only at the faults that can apply
-/// to it (its operation's and `Any`'s, for its key and for every key).
-#[derive(Default)]
-pub(crate) struct Faults {
-    index: Mutex<Index>,
-}
-
-#[derive(Default)]
-struct Index {
-    /// Injection order.
-    next: u64,
-    len: usize,
-    /// One bucket per [`Operation`], `Any` included.
-    buckets: [Bucket; 6],
-}
-
-#[derive(Default)]
-struct Bucket {
-    every_key: Vec<Entry>,
-    by_key: std::collections::HashMap<String, Vec<Entry>>,
-}
-
-struct Entry {
-    seq: u64,
-    fault: Fault,
-}
-
-/// One of the four lists that can apply to a request: a bucket, and its
-/// every-key list (`false`) or its list for the request's key (`true`).
-type ListId = (usize, bool);
-
-fn bucket(op: Operation) -> usize {
-    match op {
-        Operation::Acquire => 0,
-        Operation::Renew => 1,
-        Operation::Release => 2,
-        Operation::Get => 3,
-        Operation::ForceRelease => 4,
-        Operation::Any => 5,
-    }
-}
-
-impl Index {
-    fn list(&mut self, (bucket, keyed): ListId, key: &str) -> Option<&mut Vec<Entry>> {
-        let bucket = &mut self.buckets[bucket];
-        if keyed {
-            bucket.by_key.get_mut(key)
-        } else {
-            Some(&mut bucket.every_key)
-        }
-    }
-}
-
-impl Faults {
-    pub(crate) fn push(&self, fault: Fault) -> Result<(), InvalidFault> {
-        fault.validate()?;
-        let mut index = self.lock();
-        if index.len >= MAX_FAULTS {
-            return Err(InvalidFault::TooMany);
-        }
-        let seq = index.next;
-        index.next += 1;
-        index.len += 1;
-        let bucket = &mut index.buckets[bucket(fault.operation)];
-        let list = match &fault.key {
-            Some(key) => bucket.by_key.entry(key.clone()).or_default(),
-            None => &mut bucket.every_key,
-        };
-        list.push(Entry { seq, fault });
-        Ok(())
-    }
-
-    pub(crate) fn clear(&self) {
-        *self.lock() = Index::default();
-    }
-
-    /// Takes what applies to this request: every matching delay and
-    /// delay_response (each kind added up, saturating) and the first
-    /// matching other fault; each use counts against `times`.
-    pub(crate) fn plan(&self, op: Operation, key: &str) -> Planned {
-        let mut index = self.lock();
-        if index.len == 0 {
-            return Planned::default();
-        }
-        let all: [ListId; 4] = [
-            (bucket(op), true),
-            (bucket(op), false),
-            (bucket(Operation::Any), true),
-            (bucket(Operation::Any), false),
-        ];
-        // A request always names its operation; `Any` would list twice.
-        let lists = if op == Operation::Any {
-            &all[2..]
-        } else {
-            &all[..]
-        };
-        // The candidates of these lists, in injection order.
-        let mut order = Vec::new();
-        for (n, &id) in lists.iter().enumerate() {
-            if let Some(list) = index.list(id, key) {
-                order.extend(list.iter().enumerate().map(|(i, e)| (e.seq, n, i)));
-            }
-        }
-        order.sort_unstable();
-        let mut planned = Planned::default();
-        for (_, n, i) in order {
-            let Some(entry) = index.list(lists[n], key).and_then(|l| l.get_mut(i)) else {
-                continue;
-            };
-            let fault = &mut entry.fault;
-            if !fault.matches(op, key) {
-                continue;
-            }
-            if let Some(every) = fault.every {
-                fault.seen = fault.seen.wrapping_add(1);
-                if fault.seen % every.max(1) != 0 {
-                    continue;
-                }
-            }
-            match fault.kind {
-                FaultKind::Delay { delay_ms } => {
-                    planned.delay = planned
-                        .delay
-                        .saturating_add(Duration::from_millis(delay_ms));
-                }
-                FaultKind::DelayResponse { ms } => {
-                    planned.delay_response = planned
-                        .delay_response
-                        .saturating_add(Duration::from_millis(ms));
-                }
-                kind if planned.action.is_none() => planned.action = Some(kind),
-                _ => continue,
-            }
-            if let Some(n) = fault.times.as_mut() {
-                *n -= 1;
-            }
-        }
-        let mut removed = 0;
-        for &id in lists {
-            if let Some(list) = index.list(id, key) {
-                let before = list.len();
-                list.retain(|e| e.fault.times != Some(0));
-                removed += before - list.len();
-            }
-            let bucket = &mut index.buckets[id.0];
-            if id.1 && bucket.by_key.get(key).is_some_and(Vec::is_empty) {
-                bucket.by_key.remove(key);
-            }
-        }
-        index.len -= removed;
-        planned
-    }
-
-    fn lock(&self) -> std::sync::MutexGuard<'_, Index> {
-        lock_unpoisoned(&self.index)
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn faults_are_scoped_and_counted() {
-        let faults = Faults::default();
-        faults
-            .push(Fault::status(503).on(Operation::Renew).times(1))
-            .unwrap();
-        faults
-            .push(Fault::delay(Duration::from_millis(10)).times(2))
-            .unwrap();
-        faults.push(Fault::reset().key("other")).unwrap();
-        let p = faults.plan(Operation::Acquire, "k");
-        assert_eq!(
-            p,
-            Planned {
-                delay: Duration::from_millis(10),
-                delay_response: Duration::ZERO,
-                action: None
-            }
-        );
-        let p = faults.plan(Operation::Renew, "k");
-        assert_eq!(p.action, Some(FaultKind::Status { status: 503 }));
-        assert_eq!(p.delay, Duration::from_millis(10));
-        assert_eq!(faults.plan(Operation::Renew, "k"), Planned::default());
-        assert_eq!(
-            faults.plan(Operation::Get, "other").action,
-            Some(FaultKind::Reset)
-        );
-        assert_eq!(
-            faults.plan(Operation::Get, "other").action,
-            Some(FaultKind::Reset)
-        );
-    }
 
     #[test]
     fn fault_json_shape() {
@@ -477,114 +263,5 @@ mod tests {
             serde_json::to_value(FaultKind::DelayResponse { ms: 250 }).unwrap(),
             serde_json::json!({"kind": "delay_response", "ms": 250})
         );
-    }
-
-    #[test]
-    fn delays_of_each_kind_add_up_beside_one_action() {
-        let faults = Faults::default();
-        faults
-            .push(Fault::delay_response(Duration::from_millis(100)).times(1))
-            .unwrap();
-        faults
-            .push(Fault::delay(Duration::from_millis(7)).times(1))
-            .unwrap();
-        faults
-            .push(Fault::delay_response(Duration::from_millis(20)).on(Operation::Get))
-            .unwrap();
-        faults.push(Fault::status(503).times(1)).unwrap();
-        faults.push(Fault::drop_response()).unwrap();
-        assert_eq!(
-            faults.plan(Operation::Get, "k"),
-            Planned {
-                delay: Duration::from_millis(7),
-                delay_response: Duration::from_millis(120),
-                action: Some(FaultKind::Status { status: 503 }),
-            }
-        );
-        assert_eq!(
-            faults.plan(Operation::Get, "k"),
-            Planned {
-                delay: Duration::ZERO,
-                delay_response: Duration::from_millis(20),
-                action: Some(FaultKind::DropResponse),
-            }
-        );
-    }
-
-    #[test]
-    fn huge_delays_saturate_instead_of_overflowing() {
-        // Each is u64::MAX ms; a thousand and one of them pass Duration::MAX.
-        for fault in [
-            Fault::delay(Duration::MAX),
-            Fault::delay_response(Duration::MAX),
-        ] {
-            let faults = Faults::default();
-            for _ in 0..1_001 {
-                faults.push(fault.clone()).unwrap();
-            }
-            let planned = faults.plan(Operation::Acquire, "k");
-            assert_eq!(planned.delay.max(planned.delay_response), Duration::MAX);
-        }
-    }
-
-    #[test]
-    fn the_index_keeps_injection_order_across_operations_and_keys() {
-        let faults = Faults::default();
-        faults.push(Fault::status(500).key("k").times(1)).unwrap();
-        faults
-            .push(Fault::status(503).on(Operation::Get).times(1))
-            .unwrap();
-        faults
-            .push(Fault::status(429).on(Operation::Get).key("k").times(1))
-            .unwrap();
-        faults.push(Fault::status(502).times(1)).unwrap();
-        let action = |op, key| match faults.plan(op, key).action {
-            Some(FaultKind::Status { status }) => Some(status),
-            _ => None,
-        };
-        // Other keys see only the unkeyed faults, in order.
-        assert_eq!(action(Operation::Get, "other"), Some(503));
-        assert_eq!(action(Operation::Get, "other"), Some(502));
-        assert_eq!(action(Operation::Get, "other"), None);
-        // On "k", the oldest first: the Any fault for "k", then Get's.
-        assert_eq!(action(Operation::Get, "k"), Some(500));
-        assert_eq!(action(Operation::Get, "k"), Some(429));
-        assert_eq!(action(Operation::Get, "k"), None);
-        assert_eq!(faults.lock().len, 0, "used-up faults are gone");
-    }
-
-    #[test]
-    fn faults_that_cannot_take_effect_are_refused_and_the_count_is_bounded() {
-        let faults = Faults::default();
-        for status in [0, 42, 101, 199, 600] {
-            assert_eq!(
-                faults.push(Fault::status(status)),
-                Err(InvalidFault::Status(status))
-            );
-        }
-        assert!(faults.push(Fault::status(200)).is_ok());
-        assert!(matches!(
-            faults.push(Fault::reset().key("no spaces")),
-            Err(InvalidFault::Key(_))
-        ));
-        for _ in 1..MAX_FAULTS {
-            faults.push(Fault::reset().key("k")).unwrap();
-        }
-        assert_eq!(faults.push(Fault::reset()), Err(InvalidFault::TooMany));
-        faults.clear();
-        assert!(faults.push(Fault::reset()).is_ok());
-    }
-
-    #[test]
-    fn every_nth_request() {
-        let faults = Faults::default();
-        faults
-            .push(Fault::status(503).on(Operation::Renew).every(4))
-            .unwrap();
-        let hits: Vec<bool> = (0..12)
-            .map(|_| faults.plan(Operation::Renew, "k").action.is_some())
-            .collect();
-        assert_eq!(hits.iter().filter(|h| **h).count(), 3);
-        assert!(hits[3] && hits[7] && hits[11]);
     }
 }

@@ -10,7 +10,7 @@ use chrono::{DateTime, Utc};
 use serde::Serialize;
 
 use crate::fault::{FaultKind, Operation};
-use crate::lock_unpoisoned;
+use crate::sync::lock_unpoisoned;
 
 /// Most journal entries kept; older ones are dropped.
 pub const MAX_JOURNAL: usize = 100_000;

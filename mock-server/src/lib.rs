@@ -40,23 +40,34 @@
 //! `DELETE /__mock/faults`, `POST /__mock/advance` (`{"seconds": 31}`; 400
 //! for a negative or invalid number, or one past the clock's limit),
 //! `GET /__mock/requests`, `GET /__mock/locks`, `POST /__mock/reset`.
-#![deny(missing_docs)]
-#![warn(unreachable_pub, missing_debug_implementations)]
+//!
+//! Inside, the files are floors, each importing only from those before it:
+//! `sync`, `clock`, `reject` → `state` → `fault` → `fault_store`,
+//! `journal`, `quota` → `shared` → `conn`, `request` → `builder`,
+//! `controls`, `lock_api` → `router` → this file.
 
 mod builder;
 mod clock;
 mod conn;
 mod controls;
 mod fault;
+mod fault_store;
 mod journal;
 mod lock_api;
+mod quota;
+mod reject;
 mod request;
+mod router;
+mod shared;
 mod state;
+mod sync;
 
+use std::io;
 use std::net::SocketAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::net::TcpListener;
 use tokio::sync::watch;
 
 pub use builder::{MockServerBuilder, DEFAULT_ANON_KEY, DEFAULT_SERVICE_KEY};
@@ -67,12 +78,7 @@ pub use journal::{RecordedRequest, MAX_JOURNAL};
 pub use request::MAX_BODY;
 pub use state::LockSnapshot;
 
-use builder::Config;
-use clock::Clock;
-use fault::Faults;
-use journal::Journal;
-use lock_api::Quota;
-use state::Store;
+use shared::Shared;
 
 /// A running mock lock service for one project. Dropping it stops it and
 /// closes every connection.
@@ -272,47 +278,46 @@ impl std::fmt::Debug for MockServer {
     }
 }
 
-/// Everything the handlers share; a [`MockServer`] is a handle on it.
-pub(crate) struct Shared {
-    pub(crate) config: Config,
-    pub(crate) store: Store,
-    pub(crate) faults: Faults,
-    pub(crate) clock: Clock,
-    pub(crate) journal: Journal,
-    pub(crate) quota: Quota,
-}
-
-impl Shared {
-    pub(crate) fn new(config: Config) -> Self {
-        Shared {
-            quota: Quota::new(config.rate_limit),
-            config,
-            store: Store::new(),
-            faults: Faults::default(),
-            clock: Clock::new(),
-            journal: Journal::default(),
+// Starting lives here, on the top floor, rather than in builder.rs: it
+// needs the router and the connection loop, which sit above the builder's
+// configuration, and it makes a `MockServer`.
+impl MockServerBuilder {
+    /// Starts the server on the current tokio runtime.
+    ///
+    /// # Panics
+    /// If the address cannot be bound; use [`MockServerBuilder::try_start`]
+    /// to handle that.
+    pub async fn start(self) -> MockServer {
+        let addr = self.addr();
+        match self.try_start().await {
+            Ok(server) => server,
+            Err(err) => panic!("volcano mock server could not listen on {addr}: {err}"),
         }
     }
 
-    pub(crate) fn locks(&self) -> Vec<LockSnapshot> {
-        self.store.snapshot(self.clock.now())
+    /// Starts the server, or says why it could not.
+    pub async fn try_start(self) -> io::Result<MockServer> {
+        let (addr, config) = self.into_config()?;
+        let listener = TcpListener::bind(addr).await?;
+        let addr = listener.local_addr()?;
+        let shared = Arc::new(Shared::new(config));
+        let (shutdown, stop) = watch::channel(false);
+        tokio::spawn(conn::serve(
+            listener,
+            router::router(shared.clone()),
+            shared.config.header_read_timeout,
+            stop.clone(),
+        ));
+        tokio::spawn(conn::sweep(shared.clone(), stop));
+        let url = match addr {
+            SocketAddr::V6(v6) => format!("http://[{}]:{}", v6.ip(), v6.port()),
+            SocketAddr::V4(v4) => format!("http://{v4}"),
+        };
+        Ok(MockServer {
+            addr,
+            url,
+            shared,
+            shutdown,
+        })
     }
-
-    /// Forgets leases, faults, the journal and the quota window. The clock
-    /// and the fencing counter keep going.
-    pub(crate) fn reset(&self) {
-        self.store.clear();
-        self.faults.clear();
-        self.journal.clear();
-        self.quota.clear();
-    }
-}
-
-/// Locks a mutex, carrying on with its data if a holder panicked: every
-/// structure guarded here stays consistent between statements, so a panic
-/// elsewhere must not take the whole server down with it.
-pub(crate) fn lock_unpoisoned<T>(mutex: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
-    mutex
-        .lock()
-        .unwrap_or_else(|poisoned| poisoned.into_inner())
 }

@@ -4,12 +4,12 @@
 //! answer. Each lock request is journaled in exactly one place,
 //! [`lock_endpoint`], whatever became of it.
 
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::Body;
 use axum::extract::{Request, State};
-use axum::http::{header, HeaderMap, HeaderValue, StatusCode};
+use axum::http::{header, HeaderMap, StatusCode};
 use axum::response::{IntoResponse, Response};
 use axum::{Extension, Json};
 use chrono::{DateTime, Utc};
@@ -19,64 +19,11 @@ use crate::clock::{http_date, json_time};
 use crate::conn::{close, Kill};
 use crate::fault::{millis, FaultKind, Operation};
 use crate::journal::RecordedRequest;
-use crate::lock_unpoisoned;
-use crate::request::{check_auth, route, validate, Prepared, Reject, Route};
+use crate::quota::rate_limited;
+use crate::reject::Reject;
+use crate::request::{check_auth, route, validate, Prepared, Route};
+use crate::shared::Shared;
 use crate::state::{Grant, Refusal};
-use crate::Shared;
-
-// ---------------------------------------------------------------- quota
-
-/// The optional quota: lock operations per fixed one-minute window, on the
-/// server clock.
-pub(crate) struct Quota {
-    limit: Option<u32>,
-    window: Mutex<Window>,
-}
-
-/// The current window and what it has used.
-#[derive(Default)]
-struct Window {
-    window: i64,
-    used: u32,
-}
-
-impl Quota {
-    /// Allows `limit` operations per window; `None` allows any number.
-    pub(crate) fn new(limit: Option<u32>) -> Self {
-        Quota {
-            limit,
-            window: Mutex::new(Window::default()),
-        }
-    }
-
-    /// Counts one operation; `Err(retry_after_secs)` once the window is full.
-    fn take(&self, now: DateTime<Utc>) -> Result<(), i64> {
-        let Some(limit) = self.limit else {
-            return Ok(());
-        };
-        let window = now.timestamp().div_euclid(60);
-        let mut quota = lock_unpoisoned(&self.window);
-        if quota.window != window {
-            *quota = Window { window, used: 0 };
-        }
-        if quota.used >= limit {
-            return Err(60 - now.timestamp().rem_euclid(60));
-        }
-        quota.used += 1;
-        Ok(())
-    }
-
-    /// Forgets the current window.
-    pub(crate) fn clear(&self) {
-        *lock_unpoisoned(&self.window) = Window::default();
-    }
-}
-
-fn rate_limited(retry_after: i64) -> Reject {
-    Reject::new(StatusCode::TOO_MANY_REQUESTS, "lock request limit exceeded")
-        .code("lock_rate_limited")
-        .header(header::RETRY_AFTER, HeaderValue::from(retry_after))
-}
 
 // ---------------------------------------------------------------- the handler
 

@@ -1,9 +1,8 @@
-//! Reading a request: which handler gets it (the `/__mock/` controls or the
-//! lock API), which lock operation a method and path name (the key
-//! percent-decoded), whether its credential is the service key, and whether
-//! its key, headers and body are what the contract allows. A refusal is a
-//! [`Reject`]: the JSON error envelope, plus a header where the contract has
-//! one.
+//! Reading a lock request: which lock operation a method and path name
+//! (the key percent-decoded), whether its credential is the service key,
+//! and whether its key, headers and body are what the contract allows. A
+//! refusal is a [`Reject`]. Which handler gets a request is the router's
+//! business, not this file's.
 //!
 //! Why the mock validates on its own instead of sharing the SDK's
 //! validator: the mock is what the SDK's tests run against. Were both to
@@ -15,103 +14,24 @@
 //! depend on the SDK (only its tests do), and nothing here should be
 //! replaced by a call into it.
 
-use std::borrow::Cow;
-use std::sync::Arc;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::extract::State;
 use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
-use axum::middleware;
-use axum::response::{IntoResponse, Response};
-use axum::{Json, Router};
 use chrono::TimeDelta;
-use serde_json::{json, Value};
+use serde_json::Value;
 use uuid::Uuid;
 
-use crate::builder::Config;
-use crate::clock::http_date;
 use crate::fault::Operation;
+use crate::reject::{bad_request, Reject};
+use crate::shared::Config;
 use crate::state::valid_key;
-use crate::{controls, lock_api, Shared};
 
 /// Largest request body read, on every route (lock calls and controls);
 /// larger ones get a 400.
 pub const MAX_BODY: usize = 64 * 1024;
 const MIN_TTL: i64 = 5;
 const MAX_TTL: i64 = 7_776_000;
-
-/// The router: lock endpoints (fallback) and the `/__mock/` controls;
-/// every response it makes carries a `Date` from the server clock.
-pub(crate) fn router(shared: Arc<Shared>) -> Router {
-    controls::routes(shared.clone())
-        .fallback(lock_api::lock_endpoint)
-        .layer(middleware::map_response_with_state(
-            shared.clone(),
-            date_header,
-        ))
-        .with_state(shared)
-}
-
-/// Sets `Date` to the server clock's time when the handler has not set it
-/// (lock answers carry the time they were applied; see `lock_api`).
-async fn date_header(State(shared): State<Arc<Shared>>, mut response: Response) -> Response {
-    if !response.headers().contains_key(header::DATE) {
-        let date = http_date(shared.clock.now());
-        response.headers_mut().insert(header::DATE, date);
-    }
-    response
-}
-
-// ---------------------------------------------------------------- refusals
-
-/// A refused request: the JSON error envelope plus, where the contract has
-/// one, a header.
-pub(crate) struct Reject {
-    status: StatusCode,
-    message: Cow<'static, str>,
-    code: Option<&'static str>,
-    header: Option<(header::HeaderName, HeaderValue)>,
-}
-
-impl Reject {
-    pub(crate) fn new(status: StatusCode, message: impl Into<Cow<'static, str>>) -> Self {
-        Reject {
-            status,
-            message: message.into(),
-            code: None,
-            header: None,
-        }
-    }
-
-    pub(crate) fn code(mut self, code: &'static str) -> Self {
-        self.code = Some(code);
-        self
-    }
-
-    pub(crate) fn header(mut self, name: header::HeaderName, value: HeaderValue) -> Self {
-        self.header = Some((name, value));
-        self
-    }
-}
-
-impl IntoResponse for Reject {
-    fn into_response(self) -> Response {
-        let mut body = json!({ "error": self.message });
-        if let Some(code) = self.code {
-            body["code"] = code.into();
-        }
-        let mut response = (self.status, Json(body)).into_response();
-        if let Some((name, value)) = self.header {
-            response.headers_mut().insert(name, value);
-        }
-        response
-    }
-}
-
-pub(crate) fn bad_request(message: impl Into<Cow<'static, str>>) -> Reject {
-    Reject::new(StatusCode::BAD_REQUEST, message)
-}
 
 // ---------------------------------------------------------------- routing
 

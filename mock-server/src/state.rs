@@ -3,7 +3,7 @@
 //! never passes the year 9000, so the additions here (at most now + 90 days
 //! + 1 s) cannot overflow.
 
-use crate::lock_unpoisoned;
+use crate::sync::lock_unpoisoned;
 use std::collections::HashMap;
 use std::hash::{BuildHasher, RandomState};
 use std::sync::atomic::{AtomicI64, Ordering};
@@ -47,9 +47,9 @@ impl Lease {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Grant {
     /// When the lease expires (server clock).
-    pub expires_at: DateTime<Utc>,
+    pub(crate) expires_at: DateTime<Utc>,
     /// The lease's fencing token.
-    pub fencing_token: i64,
+    pub(crate) fencing_token: i64,
 }
 
 /// Why a lock operation was refused (HTTP 409).
