@@ -4,21 +4,7 @@
 //! The child gets `VOLCANO_LOCK_KEY` and `VOLCANO_FENCING_TOKEN`, not the
 //! service key (removed from its environment) nor the ownership token.
 //!
-//! Unless the CLI runs in the foreground of its terminal (cron, scripts,
-//! supervisors, background jobs), the child leads a process group of its
-//! own, and signals go to that whole group: on a loss, SIGTERM then SIGKILL
-//! after `--kill-after` reach everything the command started; SIGTERM,
-//! SIGINT, SIGHUP and SIGQUIT sent to the CLI are passed on. In the
-//! foreground of a terminal (whatever standard input is redirected from)
-//! the child stays in the terminal's foreground group, so that it can read
-//! the terminal; the signals the terminal sends (Ctrl-C's SIGINT, Ctrl-\'s
-//! SIGQUIT, SIGHUP on hangup) reach it directly and are not passed on
-//! again; SIGTERM is, and signals go to the child alone.
-//!
-//! Under systemd, `KillMode=control-group` (the default) sends SIGTERM to
-//! every process of the unit, the child too, and the CLI passes it on: the
-//! child sees it twice. Use `KillMode=mixed` (SIGTERM to the CLI alone,
-//! SIGKILL to all after `TimeoutStopSec`).
+//! How the child is started, signalled and stopped: `child.rs`.
 //!
 //! The lock is released on every path once the child has exited, including
 //! when it could not be started (exit 127 if not found, 126 otherwise, as a
@@ -30,20 +16,21 @@ use std::process::ExitStatus;
 use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
-use tokio::process::{Child, Command};
-use volcano::{Error, Locks};
+use tokio::process::Child;
+use volcano::{Error, HeldLock, Hold, LockLost, Locks};
 
-use crate::{exit, Failure};
+use crate::child::{
+    describe, in_terminal_foreground, shell_code, signal_child, spawn, Signals, Stop,
+};
+use crate::exit::{self, fail, Failure};
+use crate::request::{lease_of, AcquireOptions, Acquiring, Request};
 
 /// What `run` was asked to do. No `Debug`: it holds the ownership token.
 pub(crate) struct RunArgs {
     pub(crate) key: String,
     pub(crate) ttl: Duration,
-    pub(crate) wait: Option<Duration>,
-    pub(crate) poll_interval: Option<Duration>,
+    pub(crate) options: AcquireOptions,
     pub(crate) max_hold: Option<Duration>,
-    pub(crate) token: Option<String>,
-    pub(crate) request_id: Option<String>,
     pub(crate) kill_after: Duration,
     pub(crate) command: Vec<String>,
 }
@@ -56,20 +43,26 @@ pub(crate) struct Ran {
     pub(crate) warning: Option<String>,
 }
 
+/// The lock while the command runs, and what the summary says of it.
+struct Holding<'a> {
+    held: HeldLock,
+    key: &'a str,
+    fence: i64,
+    started: Instant,
+}
+
+/// What was done to stop the command after a loss.
+#[derive(Clone, Copy)]
+struct Stopped {
+    /// It was sent SIGTERM.
+    terminated: bool,
+    /// It was sent SIGKILL too, `--kill-after` later.
+    killed: bool,
+}
+
 pub(crate) async fn run(locks: &Locks, args: RunArgs) -> Result<Ran, Failure> {
-    let RunArgs {
-        key,
-        ttl,
-        wait,
-        poll_interval,
-        max_hold,
-        token,
-        request_id,
-        kill_after,
-        command,
-    } = args;
-    let (program, program_args) = command.split_first().ok_or_else(|| {
-        crate::fail(
+    let (program, program_args) = args.command.split_first().ok_or_else(|| {
+        fail(
             exit::INVALID,
             "no command given: volcano locks run KEY -- CMD [ARGS...]",
         )
@@ -77,93 +70,105 @@ pub(crate) async fn run(locks: &Locks, args: RunArgs) -> Result<Ran, Failure> {
     // Signal handlers first: a signal between acquiring and starting the
     // child must not kill the CLI and leave the lease to its ttl.
     let mut signals = Signals::install()?;
+    let held = acquire(locks, &args, &mut signals).await?;
+    let started = Instant::now();
+    let fence = held.lease().fencing_token();
+    let holding = Holding {
+        held,
+        key: &args.key,
+        fence,
+        started,
+    };
+    let own_group = !in_terminal_foreground();
+    let spawned = spawn(program, program_args, holding.key, holding.fence, own_group);
+    let mut child = match spawned {
+        Ok(child) => child,
+        Err(err) => return Ok(not_started(holding, program, &err).await),
+    };
+    let (status, stopped) = supervise(
+        &mut child,
+        &holding.held,
+        &mut signals,
+        own_group,
+        args.kill_after,
+    )
+    .await;
+    let status =
+        status.map_err(|e| fail(exit::OTHER, format!("lost track of the command: {e}")))?;
+    Ok(finish(holding, status, stopped).await)
+}
 
-    let mut hold = locks.hold(&key, ttl);
-    if let Some(token) = &token {
-        hold = hold.token(token.clone());
-    }
-    if let Some(id) = request_id {
-        hold = hold.request_id(id);
-    }
-    if let Some(wait) = wait {
-        hold = hold.wait(wait);
-    }
-    if let Some(poll) = poll_interval {
-        hold = hold.poll_interval(poll);
-    }
-    if let Some(max_hold) = max_hold {
-        hold = hold.max_hold(max_hold);
-    }
-    // A signal while waiting for the lock ends the wait. A lease the
-    // dropped or failed acquire may have obtained is released: by the
-    // client for a generated token, here for the caller's.
-    let held = tokio::select! {
+/// Acquires the lock. A signal while waiting for it ends the wait. A lease
+/// the dropped or failed acquire may have obtained is released: by the
+/// client for a generated token, here for the caller's.
+async fn acquire(
+    locks: &Locks,
+    args: &RunArgs,
+    signals: &mut Signals,
+) -> Result<HeldLock, Failure> {
+    let token = args.options.token.as_deref();
+    let hold = locks
+        .hold(&args.key, args.ttl)
+        .with_options(&args.options)
+        .given(args.max_hold, Hold::max_hold);
+    tokio::select! {
         held = hold.send() => match held {
-            Ok(held) => held,
+            Ok(held) => Ok(held),
             Err(err) => {
                 if !matches!(err, Error::Conflict(_) | Error::InvalidArgument(_)) {
-                    release_own(locks, &key, token.as_deref()).await;
+                    release_own(locks, &args.key, token).await;
                 }
-                return Err(err.into());
+                Err(Failure::from(err))
             }
         },
         stop = signals.next() => {
-            release_own(locks, &key, token.as_deref()).await;
-            return Err(crate::fail(
+            release_own(locks, &args.key, token).await;
+            Err(fail(
                 stop.shell_code(),
                 format!("{stop:?} received while waiting for the lock; the command was not started"),
             ))
         }
-    };
-    let started = Instant::now();
-    let fence = held.lease().fencing_token();
-
-    let mut command = Command::new(program);
-    command
-        .args(program_args)
-        .env("VOLCANO_LOCK_KEY", &key)
-        .env("VOLCANO_FENCING_TOKEN", fence.to_string())
-        .env_remove(volcano::ENV_SERVICE_KEY)
-        // Returning early (an error) must not leave it running unguarded.
-        .kill_on_drop(true);
-    let own_group = !in_terminal_foreground();
-    #[cfg(unix)]
-    if own_group {
-        command.process_group(0);
     }
-    let spawned = command.spawn();
-    let mut child = match spawned {
-        Ok(child) => child,
-        Err(err) => {
-            let code = if err.kind() == std::io::ErrorKind::NotFound {
-                127
-            } else {
-                126
-            };
-            let released = held.release().await;
-            let mut warning = format!("cannot start {program:?}: {err}");
-            if let Err(err) = released {
-                warning.push_str(&format!("; releasing the lock failed: {err}"));
-            }
-            let summary = json!({
-                "key": key,
-                "fencing_token": fence,
-                "exit_code": code,
-                "signal": null,
-                "started": false,
-                "lost": false,
-                "held_secs": secs(started.elapsed()),
-            });
-            return Ok(Ran {
-                code,
-                summary,
-                warning: Some(warning),
-            });
-        }
-    };
+}
 
-    // Wait for the child; on a loss, stop it (SIGTERM, then SIGKILL after
-    // `kill_after`); pass on the signals the CLI receives.
+/// The command could not be started: the lock is released, and the exit
+/// code is a shell's (127 if the command was not found, 126 otherwise).
+async fn not_started(holding: Holding<'_>, program: &str, err: &std::io::Error) -> Ran {
+    let code = if err.kind() == std::io::ErrorKind::NotFound {
+        127
+    } else {
+        126
+    };
+    let released = holding.held.release().await;
+    let mut warning = format!("cannot start {program:?}: {err}");
+    if let Err(err) = released {
+        warning.push_str(&format!("; releasing the lock failed: {err}"));
+    }
+    let summary = json!({
+        "key": holding.key,
+        "fencing_token": holding.fence,
+        "exit_code": code,
+        "signal": null,
+        "started": false,
+        "lost": false,
+        "held_secs": secs(holding.started.elapsed()),
+    });
+    Ran {
+        code,
+        summary,
+        warning: Some(warning),
+    }
+}
+
+/// Waits for the child; on a loss, stops it (SIGTERM, then SIGKILL after
+/// `kill_after`); passes on the signals the CLI receives.
+async fn supervise(
+    child: &mut Child,
+    held: &HeldLock,
+    signals: &mut Signals,
+    own_group: bool,
+    kill_after: Duration,
+) -> (std::io::Result<ExitStatus>, Stopped) {
     let mut lost_at: Option<Instant> = None;
     let mut killed = false;
     let status = loop {
@@ -172,44 +177,44 @@ pub(crate) async fn run(locks: &Locks, args: RunArgs) -> Result<Ran, Failure> {
             status = child.wait() => break status,
             _ = held.lost(), if lost_at.is_none() => {
                 lost_at = Some(Instant::now());
-                signal_child(&child, own_group, Stop::Terminate);
+                signal_child(child, own_group, Stop::Terminate);
             }
             _ = sleep_until(kill_at), if kill_at.is_some() && !killed => {
                 killed = true;
-                signal_child(&child, own_group, Stop::Kill);
+                signal_child(child, own_group, Stop::Kill);
                 let _ = child.start_kill();
             }
             signal = signals.next() => {
                 // In the terminal's foreground group the signals the
                 // terminal sends reached the child already.
                 if own_group || !signal.sent_by_terminal() {
-                    signal_child(&child, own_group, signal);
+                    signal_child(child, own_group, signal);
                 }
             }
         }
     };
-    let status =
-        status.map_err(|e| crate::fail(exit::OTHER, format!("lost track of the command: {e}")))?;
-    let held_for = started.elapsed();
+    let stopped = Stopped {
+        terminated: lost_at.is_some(),
+        killed,
+    };
+    (status, stopped)
+}
+
+/// The command has exited: the lock is released, and the exit code is the
+/// command's, or 8 (9 for `--max-hold`) if the lock was lost meanwhile.
+async fn finish(holding: Holding<'_>, status: ExitStatus, stopped: Stopped) -> Ran {
+    let held_for = holding.started.elapsed();
     // Any loss up to now happened while the command ran (nothing awaited
     // since it exited), even one seen only now.
-    let loss = held.failure();
-    let released = held.release().await;
+    let loss = holding.held.failure();
+    let released = holding.held.release().await;
 
     let (exit_code, signal) = describe(status);
     let mut warnings = Vec::new();
     let code = match &loss {
         Some(lost) => {
-            warnings.push(match (lost_at, killed) {
-                (None, _) => format!("{lost}, as the command ended"),
-                (Some(_), false) => format!("{lost}; the command was sent SIGTERM"),
-                (Some(_), true) => format!("{lost}; the command was sent SIGTERM, then SIGKILL"),
-            });
-            if lost.reason() == volcano::LostReason::MaxHold {
-                exit::MAX_HOLD
-            } else {
-                exit::LOST
-            }
+            warnings.push(lost_warning(lost, stopped));
+            lost_code(lost)
         }
         None => shell_code(exit_code, signal),
     };
@@ -220,8 +225,8 @@ pub(crate) async fn run(locks: &Locks, args: RunArgs) -> Result<Ran, Failure> {
         )),
     }
     let summary = json!({
-        "key": key,
-        "fencing_token": fence,
+        "key": holding.key,
+        "fencing_token": holding.fence,
         "exit_code": exit_code,
         "signal": signal,
         "started": true,
@@ -229,11 +234,30 @@ pub(crate) async fn run(locks: &Locks, args: RunArgs) -> Result<Ran, Failure> {
         "lost_reason": loss.as_ref().map(|l| l.reason().to_string()),
         "held_secs": secs(held_for),
     });
-    Ok(Ran {
+    Ran {
         code,
         summary,
         warning: (!warnings.is_empty()).then(|| warnings.join("; ")),
-    })
+    }
+}
+
+/// The loss, and what was done to the command after it: nothing if it
+/// ended first, else SIGTERM, then SIGKILL if it did not stop.
+fn lost_warning(lost: &LockLost, stopped: Stopped) -> String {
+    match (stopped.terminated, stopped.killed) {
+        (false, _) => format!("{lost}, as the command ended"),
+        (true, false) => format!("{lost}; the command was sent SIGTERM"),
+        (true, true) => format!("{lost}; the command was sent SIGTERM, then SIGKILL"),
+    }
+}
+
+/// 9 when `--max-hold` ended the hold, 8 for any other loss.
+fn lost_code(lost: &LockLost) -> u8 {
+    if lost.reason() == volcano::LostReason::MaxHold {
+        exit::MAX_HOLD
+    } else {
+        exit::LOST
+    }
 }
 
 /// Best effort, after a failed or abandoned acquire with the caller's
@@ -241,7 +265,7 @@ pub(crate) async fn run(locks: &Locks, args: RunArgs) -> Result<Ran, Failure> {
 /// (with a generated token the client does this itself).
 async fn release_own(locks: &Locks, key: &str, token: Option<&str>) {
     if let Some(token) = token {
-        let _ = locks.release(&crate::lease_of(key, token)).await;
+        let _ = locks.release(&lease_of(key, token)).await;
     }
 }
 
@@ -253,152 +277,5 @@ async fn sleep_until(at: Option<tokio::time::Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
-    }
-}
-
-/// The exit code, or the signal that ended the child.
-fn describe(status: ExitStatus) -> (Option<i32>, Option<i32>) {
-    #[cfg(unix)]
-    {
-        use std::os::unix::process::ExitStatusExt;
-        (status.code(), status.signal())
-    }
-    #[cfg(not(unix))]
-    {
-        (status.code(), None)
-    }
-}
-
-/// As a shell reports it: the exit code, or 128 + the signal number.
-fn shell_code(exit_code: Option<i32>, signal: Option<i32>) -> u8 {
-    match (exit_code, signal) {
-        (Some(code), _) => u8::try_from(code & 0xff).unwrap_or(1),
-        (None, Some(signal)) => u8::try_from(128 + signal).unwrap_or(1),
-        (None, None) => 1,
-    }
-}
-
-/// A signal to pass on to the child.
-#[derive(Debug, Clone, Copy)]
-enum Stop {
-    Hangup,
-    Interrupt,
-    Quit,
-    Kill,
-    Terminate,
-}
-
-impl Stop {
-    /// Sent by a terminal to its whole foreground process group.
-    fn sent_by_terminal(self) -> bool {
-        matches!(self, Stop::Interrupt | Stop::Quit | Stop::Hangup)
-    }
-
-    /// A shell's exit code for a process this signal ended: 128 + N.
-    fn shell_code(self) -> u8 {
-        128 + match self {
-            Stop::Hangup => 1,
-            Stop::Interrupt => 2,
-            Stop::Quit => 3,
-            Stop::Kill => 9,
-            Stop::Terminate => 15,
-        }
-    }
-}
-
-/// Sends `stop` to the child, or to its whole process group if it leads
-/// one.
-#[cfg(unix)]
-fn signal_child(child: &Child, own_group: bool, stop: Stop) {
-    use rustix::process::{kill_process, kill_process_group, Pid, Signal};
-    let Some(pid) = child
-        .id()
-        .and_then(|id| i32::try_from(id).ok())
-        .and_then(Pid::from_raw)
-    else {
-        return; // already reaped
-    };
-    let signal = match stop {
-        Stop::Hangup => Signal::HUP,
-        Stop::Interrupt => Signal::INT,
-        Stop::Quit => Signal::QUIT,
-        Stop::Kill => Signal::KILL,
-        Stop::Terminate => Signal::TERM,
-    };
-    let _ = if own_group {
-        kill_process_group(pid, signal)
-    } else {
-        kill_process(pid, signal)
-    };
-}
-
-/// Whether this process is in the foreground process group of its
-/// controlling terminal: then the child shares that group to use the
-/// terminal. Standard input alone does not tell (`run ... < file` from an
-/// interactive shell is still in the foreground; a child put in a group of
-/// its own would be stopped by SIGTTIN when it reads `/dev/tty`).
-#[cfg(unix)]
-fn in_terminal_foreground() -> bool {
-    // No controlling terminal (cron, a daemon): opening it fails.
-    std::fs::File::open("/dev/tty")
-        .ok()
-        .and_then(|tty| rustix::termios::tcgetpgrp(&tty).ok())
-        .is_some_and(|foreground| foreground == rustix::process::getpgrp())
-}
-
-#[cfg(not(unix))]
-fn in_terminal_foreground() -> bool {
-    true
-}
-
-#[cfg(not(unix))]
-fn signal_child(child: &Child, _own_group: bool, _stop: Stop) {
-    // No gentle stop elsewhere: the child is ended after --kill-after.
-    let _ = child;
-}
-
-/// The signals the CLI passes on.
-struct Signals {
-    #[cfg(unix)]
-    streams: [tokio::signal::unix::Signal; 4],
-}
-
-impl Signals {
-    #[cfg(unix)]
-    fn install() -> Result<Self, Failure> {
-        use tokio::signal::unix::{signal, SignalKind};
-        let install = |kind| {
-            signal(kind)
-                .map_err(|e| crate::fail(exit::OTHER, format!("cannot handle signals: {e}")))
-        };
-        Ok(Signals {
-            streams: [
-                install(SignalKind::interrupt())?,
-                install(SignalKind::terminate())?,
-                install(SignalKind::hangup())?,
-                install(SignalKind::quit())?,
-            ],
-        })
-    }
-
-    #[cfg(not(unix))]
-    fn install() -> Result<Self, Failure> {
-        Ok(Signals {})
-    }
-
-    /// The next signal to pass on.
-    async fn next(&mut self) -> Stop {
-        #[cfg(unix)]
-        {
-            let [interrupt, terminate, hangup, quit] = &mut self.streams;
-            tokio::select! {
-                _ = interrupt.recv() => Stop::Interrupt,
-                _ = terminate.recv() => Stop::Terminate,
-                _ = hangup.recv() => Stop::Hangup,
-                _ = quit.recv() => Stop::Quit,
-            }
-        }
-        #[cfg(not(unix))]
-        std::future::pending().await
     }
 }

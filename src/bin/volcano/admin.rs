@@ -1,0 +1,190 @@
+//! The commands that inspect or change a lock with a request or two: get,
+//! acquire, renew, release and force-release. Each returns the value
+//! `output::print` shows.
+
+use std::io::{BufRead, IsTerminal, Write};
+use std::time::Duration;
+
+use serde_json::{json, Value};
+use volcano::{LockState, Locks};
+
+use crate::args::LockCommand;
+use crate::exit::{self, fail, Failure};
+use crate::output::{lease_json, state_json};
+use crate::request::{lease_of, AcquireOptions, Acquiring, Request};
+
+/// Runs any command but `run`.
+pub(crate) async fn execute(locks: &Locks, command: LockCommand) -> Result<Value, Failure> {
+    match command {
+        LockCommand::Get { key, ids } => get(locks, &key, ids.request_id).await,
+        LockCommand::Acquire {
+            key,
+            ttl,
+            token,
+            wait,
+            poll_interval,
+            show_token,
+            ids,
+        } => {
+            let options = AcquireOptions {
+                token,
+                request_id: ids.request_id,
+                wait,
+                poll_interval,
+            };
+            acquire(locks, &key, ttl, &options, show_token).await
+        }
+        LockCommand::Renew {
+            key,
+            token,
+            ttl,
+            ids,
+        } => renew(locks, &key, token, ttl, ids.request_id).await,
+        LockCommand::Release { key, token, ids } => {
+            release(locks, key, token, ids.request_id).await
+        }
+        LockCommand::ForceRelease { key, yes, ids } => {
+            force_release(locks, key, yes, ids.request_id).await
+        }
+        LockCommand::Run { .. } => unreachable!("run is handled by main's execute"),
+    }
+}
+
+async fn get(locks: &Locks, key: &str, request_id: Option<String>) -> Result<Value, Failure> {
+    let state = locks.get(key).with_request_id(request_id).await?;
+    Ok(state_json(key, &state))
+}
+
+async fn acquire(
+    locks: &Locks,
+    key: &str,
+    ttl: Duration,
+    options: &AcquireOptions,
+    show_token: bool,
+) -> Result<Value, Failure> {
+    let chosen = options.token.is_some();
+    let lease = locks.acquire(key, ttl).with_options(options).await?;
+    let mut value = lease_json(&lease, show_token);
+    if !show_token && !chosen {
+        value["note"] = "the generated ownership token is not shown; \
+            use --token or --show-token to be able to renew or release"
+            .into();
+    }
+    Ok(value)
+}
+
+async fn renew(
+    locks: &Locks,
+    key: &str,
+    token: String,
+    ttl: Duration,
+    request_id: Option<String>,
+) -> Result<Value, Failure> {
+    let lease = lease_of(key, token);
+    let renewed = locks.renew(&lease, ttl).with_request_id(request_id).await?;
+    Ok(lease_json(&renewed, false))
+}
+
+async fn release(
+    locks: &Locks,
+    key: String,
+    token: String,
+    request_id: Option<String>,
+) -> Result<Value, Failure> {
+    let lease = lease_of(&key, token);
+    locks.release(&lease).with_request_id(request_id).await?;
+    Ok(json!({ "key": key, "released": true }))
+}
+
+/// Warns, looks at the lock, asks for the key to be typed back unless
+/// `--yes`, and drops whatever lease holds it.
+async fn force_release(
+    locks: &Locks,
+    key: String,
+    yes: bool,
+    request_id: Option<String>,
+) -> Result<Value, Failure> {
+    warn_before_forcing(&key, yes)?;
+    let before = look_before(locks, &key, yes).await?;
+    if let (false, Some(seen)) = (yes, &before) {
+        confirm_unchanged(locks, &key, seen).await?;
+    }
+    locks
+        .force_release(&key)
+        .with_request_id(request_id)
+        .await?;
+    Ok(json!({
+        "key": key,
+        "force_released": true,
+        "was_held": before.as_ref().map(LockState::held),
+        "fencing_token": before.as_ref().and_then(LockState::fencing_token),
+    }))
+}
+
+/// The warning, shown when someone may read it: always when asking, and
+/// with --yes only on a terminal (not in every cron mail). Without --yes,
+/// standard input must be a terminal to ask on.
+fn warn_before_forcing(key: &str, yes: bool) -> Result<(), Failure> {
+    if !yes || std::io::stderr().is_terminal() {
+        eprintln!(
+            "warning: force-release breaks mutual exclusion: the current holder of {key:?} keeps \
+             running until its next renewal fails. It is safe only if the protected resource \
+             checks fencing tokens."
+        );
+    }
+    if !yes && !std::io::stdin().is_terminal() {
+        return Err(fail(
+            exit::ABORTED,
+            "not confirmed: standard input is not a terminal; pass --yes to force-release",
+        ));
+    }
+    Ok(())
+}
+
+/// What was there, to report and to show before confirming. With --yes a
+/// failed look does not block the recovery.
+async fn look_before(locks: &Locks, key: &str, yes: bool) -> Result<Option<LockState>, Failure> {
+    match locks.get(key).await {
+        Ok(state) => Ok(Some(state)),
+        Err(err) if yes => {
+            eprintln!("volcano: could not read the lock first ({err}); releasing anyway");
+            Ok(None)
+        }
+        Err(err) => Err(err.into()),
+    }
+}
+
+/// Asks for the key, then checks that the lock has not changed hands while
+/// the user typed.
+async fn confirm_unchanged(locks: &Locks, key: &str, seen: &LockState) -> Result<(), Failure> {
+    confirm(key, seen)?;
+    let now = locks.get(key).await?;
+    if (now.held(), now.fencing_token()) != (seen.held(), seen.fencing_token()) {
+        return Err(fail(
+            exit::ABORTED,
+            "not confirmed: the lock changed while confirming; nothing was released",
+        ));
+    }
+    Ok(())
+}
+
+/// Asks on a terminal for the key to be typed back.
+fn confirm(key: &str, state: &LockState) -> Result<(), Failure> {
+    let stdin = std::io::stdin();
+    match state.fencing_token().filter(|_| state.held()) {
+        Some(fence) => eprintln!("{key} is held (fencing token {fence})."),
+        None => eprintln!("{key} is free."),
+    }
+    eprint!("Type the key ({key}) to force-release it: ");
+    let _ = std::io::stderr().flush();
+    let mut answer = String::new();
+    stdin
+        .lock()
+        .read_line(&mut answer)
+        .map_err(|e| fail(exit::ABORTED, format!("no confirmation: {e}")))?;
+    if answer.trim() == key {
+        Ok(())
+    } else {
+        Err(fail(exit::ABORTED, "not confirmed; nothing was released"))
+    }
+}

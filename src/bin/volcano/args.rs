@@ -1,0 +1,224 @@
+//! The command line: flags, subcommands and their help text (clap), and
+//! the duration syntax the flags take.
+
+use std::time::Duration;
+
+use clap::{Args, Parser, Subcommand, ValueEnum};
+
+const AFTER_HELP: &str = "\
+Exit codes: 0 ok, 1 other error, 2 invalid argument, 3 conflict (lock held or
+ownership lost), 4 authentication, 5 rate limited, 6 server or transport error
+(outcome unknown), 7 force-release not confirmed, 8 lock lost while `run`'s
+command ran. `run` otherwise exits with its command's code (126/127 if the
+command cannot be started; 128+N if a signal N ended it).
+
+Credentials come from VOLCANO_SERVICE_KEY, VOLCANO_ANON_KEY and VOLCANO_API_URL;
+flags override them.";
+
+/// Inspect and recover Volcano project locks.
+#[derive(Debug, Parser)]
+#[command(name = "volcano", version, after_help = AFTER_HELP)]
+pub(crate) struct Cli {
+    /// Output format.
+    #[arg(long, global = true, value_enum, default_value_t = Output::Text)]
+    pub(crate) output: Output,
+    /// API URL.
+    #[arg(long, global = true, env = "VOLCANO_API_URL", default_value = volcano::DEFAULT_API_URL)]
+    pub(crate) api_url: String,
+    /// Service-role key (prefer the environment variable: flags show up in `ps`).
+    #[arg(
+        long,
+        global = true,
+        env = "VOLCANO_SERVICE_KEY",
+        hide_env_values = true
+    )]
+    pub(crate) service_key: Option<String>,
+    /// Anon key.
+    #[arg(long, global = true, env = "VOLCANO_ANON_KEY", hide_env_values = true)]
+    pub(crate) anon_key: Option<String>,
+    /// Per-request timeout, e.g. 10s.
+    #[arg(long, global = true, value_parser = parse_duration, default_value = "60s")]
+    pub(crate) timeout: Duration,
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
+pub(crate) enum Output {
+    Text,
+    Json,
+}
+
+#[derive(Debug, Subcommand)]
+pub(crate) enum Command {
+    /// Lock operations.
+    #[command(subcommand)]
+    Locks(LockCommand),
+}
+
+// The `locks` subcommands (a plain comment: doc comments on clap types become help text).
+#[derive(Debug, Subcommand)]
+pub(crate) enum LockCommand {
+    /// Show whether KEY is held, until when, and the holder's fencing token.
+    Get {
+        key: String,
+        #[command(flatten)]
+        ids: RequestId,
+    },
+    /// Acquire KEY.
+    ///
+    /// To be able to renew or release the lease later, choose the ownership
+    /// token yourself (`--token $(uuidgen)`) or ask to see the generated one
+    /// (`--show-token`). If acquire fails with exit code 6 the lease may have
+    /// been granted anyway: run the same command again with the same --token
+    /// and --request-id to recover it.
+    Acquire {
+        key: String,
+        /// Lease duration, whole seconds (5s to 90 days), e.g. 30 or 5m.
+        #[arg(long, value_parser = parse_duration, default_value = "30s")]
+        ttl: Duration,
+        /// Ownership token (a UUID); default: a new one.
+        #[arg(long)]
+        token: Option<String>,
+        /// If the lock is held, keep trying this long, e.g. 30s.
+        #[arg(long, value_parser = parse_duration)]
+        wait: Option<Duration>,
+        /// While waiting, try for an early release this often (default 10s).
+        #[arg(long, value_parser = parse_duration, requires = "wait")]
+        poll_interval: Option<Duration>,
+        /// Print the ownership token (a secret: anyone with it can release the lease).
+        #[arg(long)]
+        show_token: bool,
+        #[command(flatten)]
+        ids: RequestId,
+    },
+    /// Run CMD while holding KEY, renewing it in the background; release
+    /// when CMD exits, and exit with CMD's code.
+    ///
+    /// CMD gets VOLCANO_LOCK_KEY and VOLCANO_FENCING_TOKEN in its
+    /// environment, and not VOLCANO_SERVICE_KEY. If the lock is held, exit 3
+    /// without starting CMD (unless --wait). If ownership is lost while CMD
+    /// runs, CMD gets SIGTERM, then SIGKILL after --kill-after, and the exit
+    /// code is 8; when --max-hold ends it, the same, with exit code 9.
+    /// Unless the CLI runs in the foreground of a terminal, CMD leads its
+    /// own process group and signals reach all of it; SIGTERM, SIGINT,
+    /// SIGHUP and SIGQUIT sent to the CLI are passed on (in a terminal's
+    /// foreground, what the terminal sends reaches CMD directly and is not
+    /// passed on again). With --output json, one object on the last line of
+    /// standard output.
+    ///
+    /// Example (crontab): */5 * * * * volcano locks run nightly-report --ttl 60 -- /opt/report.sh
+    Run {
+        key: String,
+        /// Lease duration, whole seconds; renewed about every third of it.
+        #[arg(long, value_parser = parse_duration, default_value = "30s")]
+        ttl: Duration,
+        /// If the lock is held, wait this long for it, e.g. 10m.
+        #[arg(long, value_parser = parse_duration)]
+        wait: Option<Duration>,
+        /// While waiting, try for an early release this often (default 10s).
+        #[arg(long, value_parser = parse_duration, requires = "wait")]
+        poll_interval: Option<Duration>,
+        /// Hold the lock at most this long: then CMD is stopped as on a
+        /// loss, the lock released, and the exit code is 9.
+        #[arg(long, value_parser = parse_duration)]
+        max_hold: Option<Duration>,
+        /// Ownership token (a UUID); default: a new one.
+        #[arg(long)]
+        token: Option<String>,
+        /// After a loss, time between SIGTERM and SIGKILL.
+        #[arg(long, value_parser = parse_duration, default_value = "10s")]
+        kill_after: Duration,
+        #[command(flatten)]
+        ids: RequestId,
+        /// The command and its arguments, after `--`.
+        #[arg(last = true, required = true, value_name = "CMD")]
+        command: Vec<String>,
+    },
+    /// Renew the lease on KEY owned by --token.
+    Renew {
+        key: String,
+        /// Ownership token of the lease.
+        #[arg(long)]
+        token: String,
+        /// New lease duration from now, whole seconds.
+        #[arg(long, value_parser = parse_duration)]
+        ttl: Duration,
+        #[command(flatten)]
+        ids: RequestId,
+    },
+    /// Release the lease on KEY owned by --token.
+    Release {
+        key: String,
+        /// Ownership token of the lease.
+        #[arg(long)]
+        token: String,
+        #[command(flatten)]
+        ids: RequestId,
+    },
+    /// Drop whatever lease holds KEY (recovery after a holder died).
+    ///
+    /// This breaks mutual exclusion: the displaced holder keeps running until
+    /// its next renewal fails. Use it only when the protected resource checks
+    /// fencing tokens.
+    ForceRelease {
+        key: String,
+        /// Do not ask for confirmation.
+        #[arg(long)]
+        yes: bool,
+        #[command(flatten)]
+        ids: RequestId,
+    },
+}
+
+#[derive(Debug, Args)]
+pub(crate) struct RequestId {
+    /// Request id (a UUID) for correlating with the service's logs.
+    #[arg(long)]
+    pub(crate) request_id: Option<String>,
+}
+
+/// `500ms`, `10s`, `5m`, `2h`, `90d`, or a bare number of seconds.
+fn parse_duration(text: &str) -> Result<Duration, String> {
+    let text = text.trim();
+    let split = text
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(text.len());
+    let (number, unit) = text.split_at(split);
+    let n: u64 = number
+        .parse()
+        .map_err(|_| format!("{text:?} is not a duration like 30s, 500ms, 5m"))?;
+    let per_unit = match unit {
+        "" | "s" => Duration::from_secs(1),
+        "ms" => Duration::from_millis(1),
+        "m" => Duration::from_secs(60),
+        "h" => Duration::from_secs(3_600),
+        "d" => Duration::from_secs(86_400),
+        other => {
+            return Err(format!(
+                "unknown unit {other:?} in {text:?} (use ms, s, m, h or d)"
+            ))
+        }
+    };
+    per_unit
+        .checked_mul(u32::try_from(n).map_err(|_| format!("{text:?} is too long"))?)
+        .ok_or_else(|| format!("{text:?} is too long"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::parse_duration;
+    use std::time::Duration;
+
+    #[test]
+    fn durations() {
+        assert_eq!(parse_duration("30"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("30s"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("90d"), Ok(Duration::from_secs(7_776_000)));
+        for bad in ["", "s", "-5", "1.5s", "10 parsecs", "99999999999999s"] {
+            assert!(parse_duration(bad).is_err(), "{bad}");
+        }
+    }
+}

@@ -1,0 +1,58 @@
+//! Exit codes, one per error class, and the failure that carries one to
+//! `main`.
+
+use volcano::Error;
+
+pub(crate) const OTHER: u8 = 1;
+pub(crate) const INVALID: u8 = 2;
+pub(crate) const CONFLICT: u8 = 3;
+pub(crate) const AUTH: u8 = 4;
+pub(crate) const RATE_LIMITED: u8 = 5;
+pub(crate) const UNAVAILABLE: u8 = 6;
+pub(crate) const ABORTED: u8 = 7;
+pub(crate) const LOST: u8 = 8;
+pub(crate) const MAX_HOLD: u8 = 9;
+
+/// A failure with its exit code.
+pub(crate) struct Failure {
+    pub(crate) code: u8,
+    pub(crate) message: String,
+    pub(crate) error: Option<Box<Error>>,
+}
+
+impl From<Error> for Failure {
+    fn from(error: Error) -> Self {
+        let code = match &error {
+            Error::InvalidArgument(_) => INVALID,
+            Error::Conflict(_) | Error::LockLost(_) => CONFLICT,
+            Error::Authentication(_) => AUTH,
+            Error::RateLimited(_) => RATE_LIMITED,
+            Error::Server(_) | Error::Transport(_) => UNAVAILABLE,
+            _ => OTHER,
+        };
+        Failure {
+            code,
+            message: chain(&error),
+            error: Some(Box::new(error)),
+        }
+    }
+}
+
+/// A failure that is not an SDK error.
+pub(crate) fn fail(code: u8, message: impl Into<String>) -> Failure {
+    Failure {
+        code,
+        message: message.into(),
+        error: None,
+    }
+}
+
+/// The error and each of its sources, joined with `: `. A transport
+/// error's reason (refused, a certificate the trust store does not know,
+/// ...) is in its sources.
+fn chain(error: &dyn std::error::Error) -> String {
+    std::iter::successors(Some(error), |e| e.source())
+        .map(ToString::to_string)
+        .collect::<Vec<_>>()
+        .join(": ")
+}

@@ -1,0 +1,122 @@
+//! What the CLI prints: a command's value, as text or as one JSON object on
+//! standard output; `run`'s warning and summary; a failure on standard
+//! error.
+
+use serde_json::{json, Value};
+use volcano::{Error, LockLease, LockState};
+
+use crate::args::Output;
+use crate::exit::Failure;
+use crate::run::Ran;
+
+/// `get`'s value.
+pub(crate) fn state_json(key: &str, state: &LockState) -> Value {
+    json!({
+        "key": key,
+        "held": state.held(),
+        "expires_at": state.expires_at().map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)),
+        "fencing_token": state.fencing_token(),
+    })
+}
+
+/// A lease, as `acquire` and `renew` show it; the ownership token only
+/// when asked.
+pub(crate) fn lease_json(lease: &LockLease, show_token: bool) -> Value {
+    let mut value = json!({
+        "key": lease.key(),
+        "held": true,
+        "expires_at": lease.expires_at().to_rfc3339_opts(chrono::SecondsFormat::Millis, true),
+        "fencing_token": lease.fencing_token(),
+    });
+    if show_token {
+        value["token"] = lease.token().into();
+    }
+    value
+}
+
+/// A command's value: the JSON object, or a line of text per kind.
+pub(crate) fn print(output: Output, value: &Value) {
+    if output == Output::Json {
+        println!("{value}");
+        return;
+    }
+    let key = value["key"].as_str().unwrap_or_default();
+    if value.get("released").is_some() {
+        println!("released {key}");
+    } else if value.get("force_released").is_some() {
+        match value["was_held"].as_bool() {
+            Some(true) => println!(
+                "force-released {key} (held when checked, fencing token {})",
+                value["fencing_token"]
+            ),
+            Some(false) => println!("{key} was free when checked; force-released anyway"),
+            None => println!("force-released {key}"),
+        }
+    } else if value["held"] == true {
+        println!(
+            "{key}: held until {} (fencing token {})",
+            value["expires_at"].as_str().unwrap_or("?"),
+            value["fencing_token"]
+        );
+        if let Some(token) = value.get("token").and_then(Value::as_str) {
+            println!("token: {token}");
+        }
+        if let Some(note) = value.get("note").and_then(Value::as_str) {
+            eprintln!("note: {note}");
+        }
+    } else {
+        println!("{key}: free");
+    }
+}
+
+/// How `run` ended: its warning on standard error, and with `--output
+/// json` its summary on the last line of standard output.
+pub(crate) fn ended(output: Output, ran: &Ran) {
+    if let Some(warning) = &ran.warning {
+        eprintln!("volcano: {warning}");
+    }
+    if output == Output::Json {
+        println!("{}", ran.summary);
+    }
+}
+
+/// A failure on standard error, with the status, code, request id and
+/// retry delay when the SDK's error has them.
+pub(crate) fn report(output: Output, failure: &Failure) {
+    let error = failure.error.as_deref();
+    let status = error.and_then(Error::status);
+    let code = error.and_then(Error::code);
+    let request_id = error.and_then(Error::request_id);
+    let retry_after = error.and_then(Error::retry_after).map(|d| d.as_secs());
+    if output == Output::Json {
+        let value = json!({
+            "error": failure.message,
+            "exit_code": failure.code,
+            "status": status,
+            "code": code,
+            "request_id": request_id,
+            "retry_after_secs": retry_after,
+        });
+        eprintln!("{value}");
+        return;
+    }
+    // Status and code once: API errors already say them in the message.
+    let mut details = Vec::new();
+    if let Some(status) = status.filter(|s| !failure.message.contains(&format!("HTTP {s}"))) {
+        details.push(format!("status {status}"));
+    }
+    if let Some(code) = code.filter(|c| !failure.message.contains(c)) {
+        details.push(format!("code {code}"));
+    }
+    if let Some(id) = request_id {
+        details.push(format!("request id {id}"));
+    }
+    if let Some(secs) = retry_after {
+        details.push(format!("retry after {secs}s"));
+    }
+    if details.is_empty() {
+        eprintln!("volcano: {}", failure.message);
+    } else {
+        eprintln!("volcano: {} [{}]", failure.message, details.join(", "));
+    }
+}
