@@ -64,9 +64,12 @@ pub(crate) fn waits_through(err: &Error) -> bool {
         || err.status() == Some(503)
 }
 
+/// The pauses of a [`backoff`], one per `next()`.
+pub(crate) type Backoff = ExponentialBackoff;
+
 /// Jittered exponential backoff from 100 ms up to `max`, for at most
 /// `retries` more attempts (`None`: no limit).
-pub(crate) fn backoff(max: Duration, retries: Option<usize>) -> ExponentialBackoff {
+pub(crate) fn backoff(max: Duration, retries: Option<usize>) -> Backoff {
     let builder = ExponentialBuilder::default()
         .with_min_delay(BACKOFF_MIN)
         .with_max_delay(max)

@@ -90,6 +90,14 @@ impl Transport {
         })
     }
 
+    /// The same transport over another wire (a scripted or simulated
+    /// network): the policy code does not change.
+    #[cfg(test)]
+    pub(crate) fn over(mut self, wire: impl Wire) -> Self {
+        self.wire = Box::new(wire);
+        self
+    }
+
     pub(crate) fn base_url(&self) -> &str {
         &self.base_url
     }
@@ -367,7 +375,162 @@ fn encode_path_segment(segment: &str, out: &mut String) {
 
 #[cfg(test)]
 mod tests {
+    use std::collections::VecDeque;
+    use std::sync::{Arc, Mutex};
+
+    use bytes::Bytes;
+    use reqwest::StatusCode;
+
     use super::*;
+    use crate::wire::{Reply, WireFuture};
+
+    /// A request as it reached the wire: method, URL, headers, body.
+    type Sent = (String, String, Vec<(String, String)>, Vec<u8>);
+    /// A scripted answer: status and body, or a failure of that kind.
+    type Script = Result<(u16, &'static str), TransportKind>;
+
+    /// A wire that records what it is given and answers from a script.
+    #[derive(Clone, Default)]
+    struct Scripted {
+        sent: Arc<Mutex<Vec<Sent>>>,
+        answers: Arc<Mutex<VecDeque<Script>>>,
+    }
+
+    struct Chunks(VecDeque<Bytes>);
+
+    impl ReplyBody for Chunks {
+        fn content_length(&self) -> Option<u64> {
+            None
+        }
+
+        fn chunk(&mut self) -> WireFuture<'_, Result<Option<Bytes>, WireError>> {
+            let next = self.0.pop_front();
+            Box::pin(async move { Ok(next) })
+        }
+    }
+
+    impl Wire for Scripted {
+        fn send(&self, request: reqwest::Request) -> WireFuture<'_, Result<Reply, WireError>> {
+            let headers = request
+                .headers()
+                .iter()
+                .map(|(k, v)| (k.to_string(), v.to_str().unwrap_or_default().to_owned()))
+                .collect();
+            let body = request
+                .body()
+                .and_then(reqwest::Body::as_bytes)
+                .unwrap_or_default()
+                .to_vec();
+            self.sent.lock().unwrap().push((
+                request.method().to_string(),
+                request.url().to_string(),
+                headers,
+                body,
+            ));
+            let answer = self.answers.lock().unwrap().pop_front().expect("scripted");
+            Box::pin(async move {
+                match answer {
+                    Ok((status, body)) => Ok(Reply {
+                        status: StatusCode::from_u16(status).unwrap(),
+                        headers: reqwest::header::HeaderMap::new(),
+                        body: Box::new(Chunks(VecDeque::from([Bytes::from_static(
+                            body.as_bytes(),
+                        )]))),
+                    }),
+                    Err(kind) => Err(WireError {
+                        kind,
+                        source: "scripted failure".into(),
+                    }),
+                }
+            })
+        }
+    }
+
+    fn transport(wire: &Scripted) -> Transport {
+        let route = Route {
+            https: false,
+            loopback: true,
+        };
+        let auth = HeaderValue::from_static("Bearer key");
+        Transport::new(
+            "http://127.0.0.1:1".to_owned(),
+            auth,
+            Duration::from_secs(5),
+            None,
+            route,
+        )
+        .unwrap()
+        .over(wire.clone())
+    }
+
+    const TOKEN: &str = "0b6f1a43-5b52-4f4e-9d51-1f6c3c7e2a10";
+    const REQUEST_ID: &str = "11111111-2222-4333-8444-555555555555";
+
+    #[tokio::test]
+    async fn over_any_wire_acquire_is_replayed_byte_for_byte_after_a_lost_answer() {
+        let wire = Scripted::default();
+        wire.answers.lock().unwrap().extend([
+            Err(TransportKind::Io),
+            Ok((
+                201,
+                r#"{"fencing_token":7,"expires_at":"2026-12-01T12:00:30Z"}"#,
+            )),
+        ]);
+        let op = crate::ops::Acquire {
+            key: "build:queue",
+            token: TOKEN,
+            ttl_secs: 30,
+        };
+        let answer = transport(&wire)
+            .send(&op, REQUEST_ID, Timing::default())
+            .await
+            .unwrap();
+        assert_eq!(answer.value.fencing_token(), 7);
+        let sent = wire.sent.lock().unwrap();
+        assert_eq!(sent.len(), 2);
+        assert_eq!(sent[0], sent[1], "the retry is the same request");
+        let (method, url, headers, body) = &sent[0];
+        assert_eq!(method, "POST");
+        assert_eq!(url, "http://127.0.0.1:1/locks/build%3Aqueue/lease");
+        assert!(headers.contains(&("x-volcano-lock-token".to_owned(), TOKEN.to_owned())));
+        assert_eq!(body, br#"{"ttl_seconds":30}"#);
+    }
+
+    #[tokio::test]
+    async fn over_any_wire_other_operations_are_sent_once_and_errors_mapped() {
+        let wire = Scripted::default();
+        wire.answers
+            .lock()
+            .unwrap()
+            .extend([Err(TransportKind::Timeout)]);
+        let err = transport(&wire)
+            .send(
+                &crate::ops::Get { key: "job" },
+                REQUEST_ID,
+                Timing::default(),
+            )
+            .await
+            .unwrap_err();
+        assert!(
+            matches!(&err, Error::Transport(t) if t.is_timeout()),
+            "{err:?}"
+        );
+        assert_eq!(err.request_id(), Some(REQUEST_ID));
+        wire.answers
+            .lock()
+            .unwrap()
+            .extend([Ok((409, r#"{"error":"held","code":"lock_held"}"#))]);
+        let err = transport(&wire)
+            .send(
+                &crate::ops::Get { key: "job" },
+                REQUEST_ID,
+                Timing::default(),
+            )
+            .await
+            .unwrap_err();
+        assert!(err.is_lock_held(), "{err:?}");
+        assert_eq!(wire.sent.lock().unwrap().len(), 2);
+    }
 
     #[test]
     fn encodes_only_colon_of_the_key_alphabet() {

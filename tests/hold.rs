@@ -435,3 +435,35 @@ async fn a_lease_recovered_with_its_token_right_after_the_cap_stays_held() {
     client.locks().release(&lease).await.unwrap();
     drop(held);
 }
+
+/// `hold` takes the acquire's options, `.timeout()` included: an acquire
+/// applied but never answered fails within the timeout, not the client's,
+/// and the lease it took is undone.
+#[tokio::test]
+async fn hold_timeout_bounds_the_acquire_and_an_unanswered_one_is_undone() {
+    let server = MockServer::start().await;
+    let client = mock_client(&server);
+    server.inject(
+        Fault::delay_response(Duration::from_secs(20))
+            .on(Operation::Acquire)
+            .times(2),
+    );
+    let started = std::time::Instant::now();
+    let err = client
+        .locks()
+        .hold(KEY, TTL)
+        .timeout(Duration::from_millis(300))
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::Transport(t) if t.is_timeout()),
+        "{err:?}"
+    );
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
+    assert!(client.shutdown(Duration::from_secs(10)).await.is_empty());
+    assert_eq!(held_on_server(&server), None);
+}

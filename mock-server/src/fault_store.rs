@@ -78,7 +78,68 @@ fn bucket(op: Operation) -> usize {
     }
 }
 
+impl Planned {
+    /// Takes `fault` into the plan if it applies to this request (and its
+    /// `every` count says so), counting the use against `times`.
+    fn take(&mut self, fault: &mut Fault, op: Operation, key: &str) {
+        if !fault.matches(op, key) {
+            return;
+        }
+        if let Some(every) = fault.every {
+            fault.seen = fault.seen.wrapping_add(1);
+            if fault.seen % every.max(1) != 0 {
+                return;
+            }
+        }
+        match fault.kind {
+            FaultKind::Delay { delay_ms } => {
+                self.delay = self.delay.saturating_add(Duration::from_millis(delay_ms));
+            }
+            FaultKind::DelayResponse { ms } => {
+                self.delay_response = self
+                    .delay_response
+                    .saturating_add(Duration::from_millis(ms));
+            }
+            kind if self.action.is_none() => self.action = Some(kind),
+            _ => return,
+        }
+        if let Some(n) = fault.times.as_mut() {
+            *n -= 1;
+        }
+    }
+}
+
 impl Index {
+    /// The candidates of `lists` for `key`, in injection order: (sequence,
+    /// list, position).
+    fn in_order(&mut self, lists: &[ListId], key: &str) -> Vec<(u64, usize, usize)> {
+        let mut order = Vec::new();
+        for (n, &id) in lists.iter().enumerate() {
+            if let Some(list) = self.list(id, key) {
+                order.extend(list.iter().enumerate().map(|(i, e)| (e.seq, n, i)));
+            }
+        }
+        order.sort_unstable();
+        order
+    }
+
+    /// Drops the faults of `lists` that are used up, and empty key lists.
+    fn sweep(&mut self, lists: &[ListId], key: &str) {
+        let mut removed = 0;
+        for &id in lists {
+            if let Some(list) = self.list(id, key) {
+                let before = list.len();
+                list.retain(|e| e.fault.times != Some(0));
+                removed += before - list.len();
+            }
+            let bucket = &mut self.buckets[id.0];
+            if id.1 && bucket.by_key.get(key).is_some_and(Vec::is_empty) {
+                bucket.by_key.remove(key);
+            }
+        }
+        self.len -= removed;
+    }
+
     fn list(&mut self, (bucket, keyed): ListId, key: &str) -> Option<&mut Vec<Entry>> {
         let bucket = &mut self.buckets[bucket];
         if keyed {
@@ -132,60 +193,14 @@ impl Faults {
         } else {
             &all[..]
         };
-        // The candidates of these lists, in injection order.
-        let mut order = Vec::new();
-        for (n, &id) in lists.iter().enumerate() {
-            if let Some(list) = index.list(id, key) {
-                order.extend(list.iter().enumerate().map(|(i, e)| (e.seq, n, i)));
-            }
-        }
-        order.sort_unstable();
         let mut planned = Planned::default();
-        for (_, n, i) in order {
+        for (_, n, i) in index.in_order(lists, key) {
             let Some(entry) = index.list(lists[n], key).and_then(|l| l.get_mut(i)) else {
                 continue;
             };
-            let fault = &mut entry.fault;
-            if !fault.matches(op, key) {
-                continue;
-            }
-            if let Some(every) = fault.every {
-                fault.seen = fault.seen.wrapping_add(1);
-                if fault.seen % every.max(1) != 0 {
-                    continue;
-                }
-            }
-            match fault.kind {
-                FaultKind::Delay { delay_ms } => {
-                    planned.delay = planned
-                        .delay
-                        .saturating_add(Duration::from_millis(delay_ms));
-                }
-                FaultKind::DelayResponse { ms } => {
-                    planned.delay_response = planned
-                        .delay_response
-                        .saturating_add(Duration::from_millis(ms));
-                }
-                kind if planned.action.is_none() => planned.action = Some(kind),
-                _ => continue,
-            }
-            if let Some(n) = fault.times.as_mut() {
-                *n -= 1;
-            }
+            planned.take(&mut entry.fault, op, key);
         }
-        let mut removed = 0;
-        for &id in lists {
-            if let Some(list) = index.list(id, key) {
-                let before = list.len();
-                list.retain(|e| e.fault.times != Some(0));
-                removed += before - list.len();
-            }
-            let bucket = &mut index.buckets[id.0];
-            if id.1 && bucket.by_key.get(key).is_some_and(Vec::is_empty) {
-                bucket.by_key.remove(key);
-            }
-        }
-        index.len -= removed;
+        index.sweep(lists, key);
         planned
     }
 

@@ -108,6 +108,20 @@ async fn handle(
             ms: millis(planned.delay_response),
         });
     }
+    let outcome = outcome(shared, route, prepared, now, planned.action, entry);
+    Ok((outcome, planned.delay_response))
+}
+
+/// The outcome at `now`: the planned fault's, or the lock logic's answer
+/// (which a dropped response applies but does not send).
+fn outcome(
+    shared: &Shared,
+    route: &Route,
+    prepared: Prepared,
+    now: DateTime<Utc>,
+    action: Option<FaultKind>,
+    entry: &mut RecordedRequest,
+) -> Outcome {
     // A client derives its lease as `expires_at - Date`, so Date is `now`,
     // the time the answer was made and the lease computed from: never
     // earlier (which would overstate the lease). After a delay_response it
@@ -117,7 +131,7 @@ async fn handle(
         response.headers_mut().insert(header::DATE, http_date(now));
         Outcome::Respond(response)
     };
-    let outcome = match planned.action {
+    match action {
         Some(kind @ FaultKind::Status { status }) => {
             entry.fault = Some(kind);
             respond(fault_response(status).into_response())
@@ -145,8 +159,7 @@ async fn handle(
                 _ => respond(response),
             }
         }
-    };
-    Ok((outcome, planned.delay_response))
+    }
 }
 
 /// Auth, then the quota, then validation: a request refused by one is not

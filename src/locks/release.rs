@@ -116,15 +116,21 @@ pub(crate) async fn confirmed(
             retry_in_ms = wait.as_millis() as u64,
             "release failed; retrying"
         );
-        match superseded.as_mut() {
-            Some(superseded) => {
-                tokio::select! {
-                    _ = tokio::time::sleep(wait) => {}
-                    _ = superseded.wait_for(|s| *s) => {}
-                }
+        pause(wait, superseded.as_mut()).await;
+    }
+}
+
+/// Sleeps `wait`, or less if an acquire with the same token supersedes the
+/// release meanwhile.
+async fn pause(wait: Duration, superseded: Option<&mut watch::Receiver<bool>>) {
+    match superseded {
+        Some(superseded) => {
+            tokio::select! {
+                _ = tokio::time::sleep(wait) => {}
+                _ = superseded.wait_for(|s| *s) => {}
             }
-            None => tokio::time::sleep(wait).await,
         }
+        None => tokio::time::sleep(wait).await,
     }
 }
 

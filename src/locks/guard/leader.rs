@@ -183,23 +183,7 @@ where
 {
     let key = campaign.key();
     loop {
-        // Campaign: one token for the whole wait; a fresh one per term, so
-        // a new term is always a new acquisition with a higher fencing
-        // token. One span per campaign and term, under the caller's: the
-        // acquire, renewals, release and the term itself log in it.
-        let span = tracing::info_span!(
-            "volcano.leader",
-            key = %key,
-            fencing_token = tracing::field::Empty
-        );
-        // The SDK generates the campaign's token, so an acquire whose
-        // outcome is unknown is undone; knowing it, `run` can wait for that
-        // undo before it returns.
-        let token = validate::new_uuid();
-        tokens.push(token.clone());
-        let mut this = campaign.clone();
-        this.acquire.token = Owner::Sdk(token);
-        this.span = Some(span.clone());
+        let (this, span) = next_campaign(campaign, tokens);
         // The campaign's future is dropped before the arms run: what it may
         // have obtained is then being released in the background.
         let campaigned = tokio::select! {
@@ -233,17 +217,9 @@ where
                 let lost = guard.failure();
                 let reason = lost.as_ref().map(|l| l.to_string());
                 tracing::warn!(key = %key, fencing_token, reason, "leadership lost; campaigning again");
-                // A term ended by its cap gives the others a chance: they
-                // try every poll interval, so wait about one before
-                // campaigning again (or step down meanwhile).
-                if lost.is_some_and(|l| l.reason() == LostReason::MaxHold) {
-                    let poll = campaign.acquire.poll_interval.unwrap_or(DEFAULT_POLL);
-                    let pause = poll.mul_f64(1.0 + 0.2 * rand::random::<f64>());
-                    tokio::select! {
-                        biased;
-                        _ = &mut until => return released.map_err(E::from),
-                        _ = tokio::time::sleep(pause) => {}
-                    }
+                let capped = lost.is_some_and(|l| l.reason() == LostReason::MaxHold);
+                if capped && !make_way(campaign, &mut until).await {
+                    return released.map_err(E::from);
                 }
             }
             TermEnd::Resigned => {
@@ -255,5 +231,38 @@ where
                 return result.and(released.map_err(E::from));
             }
         }
+    }
+}
+
+/// One campaign: one token for the whole wait, a fresh one per term, so a
+/// new term is always a new acquisition with a higher fencing token. The
+/// SDK generates it, so an acquire whose outcome is unknown is undone;
+/// knowing it (in `tokens`), `run` can wait for that undo before it
+/// returns. One span per campaign and term, under the caller's: the
+/// acquire, renewals, release and the term itself log in it.
+fn next_campaign(campaign: &Hold, tokens: &mut Vec<String>) -> (Hold, tracing::Span) {
+    let span = tracing::info_span!(
+        "volcano.leader",
+        key = %campaign.key(),
+        fencing_token = tracing::field::Empty
+    );
+    let token = validate::new_uuid();
+    tokens.push(token.clone());
+    let mut this = campaign.clone();
+    this.acquire.token = Owner::Sdk(token);
+    this.span = Some(span.clone());
+    (this, span)
+}
+
+/// After a term ended by its cap, gives the others a chance: they try
+/// every poll interval, so this waits about one before campaigning again.
+/// False if `until` fired meanwhile (step down).
+async fn make_way(campaign: &Hold, until: &mut Signal) -> bool {
+    let poll = campaign.acquire.poll_interval.unwrap_or(DEFAULT_POLL);
+    let pause = poll.mul_f64(1.0 + 0.2 * rand::random::<f64>());
+    tokio::select! {
+        biased;
+        _ = until => false,
+        _ = tokio::time::sleep(pause) => true,
     }
 }

@@ -11,7 +11,8 @@ use tracing::Instrument;
 use super::state::State;
 use super::SAFETY_MARGIN;
 use crate::error::{Error, LockLost, LostReason};
-use crate::locks::Locks;
+use crate::lease::LockLease;
+use crate::locks::{Locks, Measured};
 use crate::retry::{self, is_transient};
 use crate::validate;
 
@@ -25,11 +26,8 @@ const BACKOFF_MAX: Duration = Duration::from_secs(2);
 /// would run past the last moment an attempt can still be sent is cut
 /// short, so that attempt is made.
 pub(super) async fn renew_in_window(state: &State, locks: &Locks) -> Result<(), LockLost> {
-    let mut backoff = retry::backoff(BACKOFF_MAX, None);
+    let mut retrying = Retrying::new();
     let mut tally = Tally::new(state);
-    let mut last_error = None;
-    // The next attempt is the last one the window has room for.
-    let mut last_try = false;
     loop {
         if state.check() {
             return Err(state.failure().expect("a checked loss is recorded"));
@@ -38,24 +36,13 @@ pub(super) async fn renew_in_window(state: &State, locks: &Locks) -> Result<(), 
         let budget = renew_by.saturating_sub(state.clock.now());
         if !retry::fits(budget) {
             tally.settle("failed");
-            return Err(gave_up(&state.key, last_error));
+            return Err(gave_up(&state.key, retrying.last_error.take()));
         }
         let lease = state.lease();
         let request_id = validate::new_uuid();
-        state.renewal_sent();
         tally.sending();
-        let result = locks
-            .renew(&lease, state.ttl)
-            .request_id(request_id.clone())
-            .timeout(budget.min(locks.client().timeout()))
-            .send_measured()
-            .await;
-        // Answered one way or the other; a transient failure may have been
-        // applied, and leaves the outcome unknown.
-        if !matches!(&result, Err(err) if is_transient(err)) {
-            state.renewal_settled();
-        }
-        match result {
+        let result = send(state, locks, &lease, &request_id, budget).await;
+        let err = match result {
             Ok(renewed) => {
                 tally.settle("renewed");
                 tracing::debug!(
@@ -66,47 +53,98 @@ pub(super) async fn renew_in_window(state: &State, locks: &Locks) -> Result<(), 
                 );
                 return state.renewed(renewed);
             }
-            Err(err) if is_transient(&err) => {
-                // `Retry-After` is the server's number: it may be huge. The
-                // window decides: a pause that would end too late is cut
-                // to leave one last attempt `LAST_ATTEMPT` to arrive.
-                if last_try {
-                    tally.settle("failed");
-                    return Err(gave_up(&state.key, Some(err)));
-                }
-                let wanted = backoff
-                    .next()
-                    .unwrap_or(BACKOFF_MAX)
-                    .max(err.retry_after().unwrap_or_default());
-                let left = renew_by
-                    .saturating_sub(LAST_ATTEMPT)
-                    .saturating_sub(state.clock.now());
-                let wait = if wanted >= left {
-                    last_try = true;
-                    left
-                } else {
-                    wanted
-                };
-                tracing::info!(
-                    key = %state.key,
-                    fencing_token = lease.fencing_token(),
-                    request_id,
-                    error = %err,
-                    retry_in_ms = wait.as_millis() as u64,
-                    "renewal failed; retrying"
-                );
-                last_error = Some(err);
-                if !state.sleep_while_held(state.clock.now() + wait).await {
-                    return Err(state.failure().expect("a checked loss is recorded"));
-                }
-            }
+            Err(err) if is_transient(&err) => err,
             Err(err) => {
                 tally.settle("failed");
                 return Err(
                     LockLost::new(state.key.clone(), LostReason::RenewalFailed).with_cause(err)
                 );
             }
+        };
+        // The last moment a pause may end and still leave one attempt
+        // `LAST_ATTEMPT` to arrive.
+        let left = renew_by
+            .saturating_sub(LAST_ATTEMPT)
+            .saturating_sub(state.clock.now());
+        let Some(wait) = retrying.pause(&err, left) else {
+            tally.settle("failed");
+            return Err(gave_up(&state.key, Some(err)));
+        };
+        tracing::info!(
+            key = %state.key,
+            fencing_token = lease.fencing_token(),
+            request_id,
+            error = %err,
+            retry_in_ms = wait.as_millis() as u64,
+            "renewal failed; retrying"
+        );
+        retrying.last_error = Some(err);
+        if !state.sleep_while_held(state.clock.now() + wait).await {
+            return Err(state.failure().expect("a checked loss is recorded"));
         }
+    }
+}
+
+/// One renewal attempt, timed to answer by the end of its `budget`, with
+/// the state told while its outcome is unknown.
+async fn send(
+    state: &State,
+    locks: &Locks,
+    lease: &LockLease,
+    request_id: &str,
+    budget: Duration,
+) -> Result<Measured, Error> {
+    state.renewal_sent();
+    let result = locks
+        .renew(lease, state.ttl)
+        .request_id(request_id)
+        .timeout(budget.min(locks.client().timeout()))
+        .send_measured()
+        .await;
+    // Answered one way or the other; a transient failure may have been
+    // applied, and leaves the outcome unknown.
+    if !matches!(&result, Err(err) if is_transient(err)) {
+        state.renewal_settled();
+    }
+    result
+}
+
+/// The pauses between attempts after transient failures.
+struct Retrying {
+    backoff: retry::Backoff,
+    /// The last transient failure, for the loss if the window closes.
+    last_error: Option<Error>,
+    /// The next attempt is the last one the window has room for.
+    last_try: bool,
+}
+
+impl Retrying {
+    fn new() -> Self {
+        Retrying {
+            backoff: retry::backoff(BACKOFF_MAX, None),
+            last_error: None,
+            last_try: false,
+        }
+    }
+
+    /// How long to pause after `err`, when `left` is the longest pause that
+    /// still leaves one attempt; `None` after that last attempt failed.
+    /// `Retry-After` is the server's number, and may be huge: the window
+    /// decides, and a pause that would end too late is cut to `left`.
+    fn pause(&mut self, err: &Error, left: Duration) -> Option<Duration> {
+        if self.last_try {
+            return None;
+        }
+        let wanted = self
+            .backoff
+            .next()
+            .unwrap_or(BACKOFF_MAX)
+            .max(err.retry_after().unwrap_or_default());
+        if wanted >= left {
+            self.last_try = true;
+            return Some(left);
+        }
+        Some(wanted)
     }
 }
 
