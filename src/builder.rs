@@ -188,6 +188,12 @@ impl ClientBuilder {
 
     /// Checks the configuration and builds the client.
     pub fn build(self) -> Result<Client> {
+        self.build_over(None)
+    }
+
+    /// Builds the client; its requests go over `wire` when given (a
+    /// simulated network), else the HTTP client.
+    pub(crate) fn build_over(self, wire: Option<Box<dyn crate::wire::Wire>>) -> Result<Client> {
         if self.anon_key.as_deref() == Some("") {
             return Err(Error::invalid("anon_key must not be empty"));
         }
@@ -222,8 +228,11 @@ impl ClientBuilder {
             Error::invalid("service_key contains characters not allowed in a header")
         })?;
         auth.set_sensitive(true);
-        let transport =
+        let mut transport =
             Transport::new(api_url.text, auth, timeout, self.http_client, api_url.route)?;
+        if let Some(wire) = wire {
+            transport = transport.over(wire);
+        }
         Ok(Client::new(
             transport,
             self.anon_key,

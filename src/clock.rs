@@ -32,6 +32,9 @@ use tokio::sync::watch;
 #[derive(Clone)]
 pub struct LeaseClock {
     adjust: Option<Arc<Adjust>>,
+    /// Reads the runtime's clock from this instant instead of the
+    /// machine's boot time (a simulation, whose runtime clock is its time).
+    runtime_base: Option<tokio::time::Instant>,
 }
 
 /// An adjustable clock's offset and the signal that it moved.
@@ -44,7 +47,10 @@ impl LeaseClock {
     /// The suspend-aware clock (`CLOCK_BOOTTIME` on Linux; elsewhere the
     /// monotonic clock).
     pub fn boottime() -> Self {
-        LeaseClock { adjust: None }
+        LeaseClock {
+            adjust: None,
+            runtime_base: None,
+        }
     }
 
     /// The same clock, plus an offset that [`LeaseClock::advance`] moves
@@ -55,6 +61,7 @@ impl LeaseClock {
                 offset_ns: AtomicU64::new(0),
                 moved: watch::Sender::new(()),
             })),
+            runtime_base: None,
         }
     }
 
@@ -79,7 +86,22 @@ impl LeaseClock {
             .adjust
             .as_ref()
             .map_or(0, |a| a.offset_ns.load(Ordering::Relaxed));
-        raw_now() + Duration::from_nanos(offset)
+        let base = match self.runtime_base {
+            Some(base) => base.elapsed(),
+            None => raw_now(),
+        };
+        base + Duration::from_nanos(offset)
+    }
+
+    /// An adjustable clock on the runtime's time (feature `sim`): in a
+    /// simulation the runtime's clock is simulated time, and `advance`
+    /// plays a suspend. No suspend detector runs for it.
+    #[cfg(feature = "sim")]
+    pub(crate) fn runtime() -> Self {
+        LeaseClock {
+            runtime_base: Some(tokio::time::Instant::now()),
+            ..Self::adjustable()
+        }
     }
 
     /// A subscription to this clock's jumps: the times it moved further
@@ -88,7 +110,10 @@ impl LeaseClock {
     /// machine is suspended, so a sleeper uses this to wake up on time.
     pub(crate) fn jumps(&self) -> Jumps {
         Jumps {
-            suspends: suspend::subscribe(),
+            suspends: match self.runtime_base {
+                Some(_) => None,
+                None => suspend::subscribe(),
+            },
             moved: self.adjust.as_ref().map(|a| a.moved.subscribe()),
         }
     }
@@ -153,10 +178,10 @@ impl Default for LeaseClock {
 
 impl fmt::Debug for LeaseClock {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(if self.adjust.is_some() {
-            "LeaseClock::adjustable"
-        } else {
-            "LeaseClock::boottime"
+        f.write_str(match (&self.adjust, &self.runtime_base) {
+            (_, Some(_)) => "LeaseClock::runtime",
+            (Some(_), None) => "LeaseClock::adjustable",
+            (None, None) => "LeaseClock::boottime",
         })
     }
 }

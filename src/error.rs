@@ -149,7 +149,7 @@ impl Error {
     }
 
     /// True when trying again later may succeed: no answer (a transport
-    /// failure or timeout), `429` (after [`Error::retry_after`]), or
+    /// failure or timeout, unless a paused runtime clock timed it), `429` (after [`Error::retry_after`]), or
     /// `500`/`502`/`503`/`504`. False for everything that will fail the
     /// same way again (a conflict, bad credentials, a bad argument) and for
     /// [`Error::LockLost`]. Acquire with your own token (or release) when
@@ -170,7 +170,8 @@ impl Error {
     /// ```
     pub fn is_transient(&self) -> bool {
         match self {
-            Error::Transport(_) | Error::RateLimited(_) => true,
+            Error::Transport(e) => e.kind != TransportKind::PausedClock,
+            Error::RateLimited(_) => true,
             Error::Server(api) => matches!(api.status(), Some(500 | 502 | 503 | 504)),
             _ => false,
         }

@@ -60,8 +60,12 @@ mod http_date;
 mod lease;
 mod locks;
 mod ops;
+mod random;
 mod realtime;
 mod retry;
+#[cfg(feature = "sim")]
+#[doc(hidden)]
+pub mod sim;
 mod telemetry;
 mod transport;
 mod validate;

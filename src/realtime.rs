@@ -41,7 +41,26 @@ impl Stopwatch {
     /// True when the runtime's clock moved further than real time since
     /// `start`: it is paused and was advanced.
     pub(crate) fn runtime_ran_ahead(&self) -> bool {
+        if simulated() {
+            return false;
+        }
         let runtime = self.runtime.elapsed();
         runtime > self.real.elapsed().saturating_add(TOLERANCE)
     }
+}
+
+thread_local! {
+    /// This thread runs a simulation, whose runtime clock is the only
+    /// clock and runs ahead of real time by design.
+    static SIMULATED: std::cell::Cell<bool> = const { std::cell::Cell::new(false) };
+}
+
+fn simulated() -> bool {
+    SIMULATED.get()
+}
+
+/// Marks this thread as running a simulation (feature `sim`).
+#[cfg(feature = "sim")]
+pub(crate) fn simulate(on: bool) {
+    SIMULATED.set(on);
 }

@@ -6,6 +6,7 @@
 //! | outcome | acquire | waiting acquire | renewal | release |
 //! |---|---|---|---|---|
 //! | no answer (connect, I/O, timeout) | once more | again | again, in the window | again, in the budget |
+//! | no answer, timed by a paused runtime clock | no | stops | lost | refused |
 //! | 503 | once more | again, after any `Retry-After` | again | again |
 //! | 429 | no | again, after the window | again, in the window | again |
 //! | 500, 502, 504 | no | stops | again | again |
@@ -20,7 +21,7 @@ use std::time::Duration;
 
 use backon::{BackoffBuilder, ExponentialBackoff, ExponentialBuilder};
 
-use crate::error::{Error, InvalidReason};
+use crate::error::{Error, InvalidReason, TransportKind};
 
 /// An attempt with less time than this left is not sent.
 pub(crate) const MIN_ATTEMPT: Duration = Duration::from_millis(100);
@@ -41,7 +42,7 @@ pub(crate) fn is_transient(err: &Error) -> bool {
 /// retried.
 pub(crate) fn retries_acquire(err: &Error) -> bool {
     match err {
-        Error::Transport(_) => true,
+        Error::Transport(e) => e.kind != TransportKind::PausedClock,
         Error::Server(api) => api.status() == Some(503),
         Error::InvalidResponse(e) => e.reason() == InvalidReason::NotAnObject,
         _ => false,
@@ -60,7 +61,7 @@ pub(crate) fn settles(err: &Error) -> bool {
 /// try may be made again with the same token (no answer, 503).
 pub(crate) fn waits_through(err: &Error) -> bool {
     matches!(err, Error::Conflict(_) | Error::RateLimited(_))
-        || err.is_transport()
+        || err.is_transient() && err.is_transport()
         || err.status() == Some(503)
 }
 
@@ -73,7 +74,8 @@ pub(crate) fn backoff(max: Duration, retries: Option<usize>) -> Backoff {
     let builder = ExponentialBuilder::default()
         .with_min_delay(BACKOFF_MIN)
         .with_max_delay(max)
-        .with_jitter();
+        .with_jitter()
+        .with_jitter_seed(crate::random::u64());
     match retries {
         Some(n) => builder.with_max_times(n),
         None => builder.without_max_times(),

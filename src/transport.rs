@@ -92,9 +92,8 @@ impl Transport {
 
     /// The same transport over another wire (a scripted or simulated
     /// network): the policy code does not change.
-    #[cfg(test)]
-    pub(crate) fn over(mut self, wire: impl Wire) -> Self {
-        self.wire = Box::new(wire);
+    pub(crate) fn over(mut self, wire: Box<dyn Wire>) -> Self {
+        self.wire = wire;
         self
     }
 
@@ -143,8 +142,9 @@ impl Transport {
                 .instrument(span.clone())
                 .await;
             // A paused clock makes every wait for an answer time out at once:
-            // say so rather than report a timeout no real time explains.
-            if stopwatch.runtime_ran_ahead() {
+            // say so rather than report a timeout no real time explains (and
+            // rather than try again, which would spin). An answer stands.
+            if result.is_err() && stopwatch.runtime_ran_ahead() {
                 result = Err(paused_clock(request_id));
             }
             let in_time = timing.send_by.is_none_or(|by| Instant::now() < by);
@@ -275,7 +275,7 @@ fn transport_error(err: WireError, request_id: &str) -> Error {
 /// An attempt timed by a paused runtime clock: sent, its outcome unknown.
 fn paused_clock(request_id: &str) -> Error {
     Error::Transport(TransportError {
-        kind: TransportKind::Timeout,
+        kind: TransportKind::PausedClock,
         request_id: request_id.to_owned(),
         source: Some(PAUSED_CLOCK.into()),
     })
@@ -460,7 +460,7 @@ mod tests {
             route,
         )
         .unwrap()
-        .over(wire.clone())
+        .over(Box::new(wire.clone()))
     }
 
     const TOKEN: &str = "0b6f1a43-5b52-4f4e-9d51-1f6c3c7e2a10";

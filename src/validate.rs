@@ -69,7 +69,7 @@ pub(crate) fn is_uuid(value: &str) -> bool {
 /// thread-local CSPRNG (no system call per id).
 pub(crate) fn new_uuid() -> String {
     let mut text = [0u8; uuid::fmt::Hyphenated::LENGTH];
-    uuid::Builder::from_random_bytes(rand::random())
+    uuid::Builder::from_random_bytes(crate::random::bytes16())
         .into_uuid()
         .hyphenated()
         .encode_lower(&mut text)

@@ -52,6 +52,38 @@ async fn a_paused_runtime_clock_fails_fast_with_a_message() {
     }
 }
 
+/// A waiting acquire does not spin on a paused clock: the error is not
+/// one to wait through, and the request is not sent again.
+#[tokio::test(start_paused = true)]
+async fn a_waiting_acquire_on_a_paused_clock_fails_once_instead_of_spinning() {
+    use wiremock::{matchers::any, Mock, ResponseTemplate};
+    watchdog(Duration::from_secs(60));
+    let server = wiremock::MockServer::start().await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(201).set_delay(Duration::from_secs(30)))
+        .mount(&server)
+        .await;
+    let client = Client::builder()
+        .service_key("service-key")
+        .api_url(server.uri())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let locks = client.locks();
+    let call = tokio::spawn(async move {
+        locks
+            .acquire("job", Duration::from_secs(30))
+            .token("0b6f1a43-5b52-4f4e-9d51-1f6c3c7e2a10")
+            .wait(Duration::MAX)
+            .await
+    });
+    let err = call.await.expect("no panic").expect_err("the call fails");
+    assert!(chain(&err).contains(PAUSED), "{err}");
+    assert!(!err.is_transient(), "{err:?}");
+    // At most the one attempt (a paused clock may cut it before it lands).
+    assert!(server.received_requests().await.unwrap().len() <= 1);
+}
+
 /// `err` and its sources, as one line.
 fn chain(err: &dyn std::error::Error) -> String {
     std::iter::successors(Some(err), |e| e.source())

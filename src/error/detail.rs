@@ -98,6 +98,9 @@ pub(crate) enum TransportKind {
     Connect,
     Timeout,
     Io,
+    /// The runtime's clock is paused and jumped ahead of real time
+    /// (`start_paused`): the attempt was timed by it. Not tried again.
+    PausedClock,
 }
 
 impl fmt::Display for TransportKind {
@@ -106,6 +109,9 @@ impl fmt::Display for TransportKind {
             TransportKind::Connect => "could not connect to the lock service",
             TransportKind::Timeout => "the lock request timed out; it may have been applied",
             TransportKind::Io => "the connection failed mid-request; it may have been applied",
+            TransportKind::PausedClock => {
+                "the lock request was timed by a paused runtime clock; it may have been applied"
+            }
         })
     }
 }

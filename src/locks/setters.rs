@@ -47,7 +47,10 @@ macro_rules! acquisition_setters {
     (@ wait) => {
         /// On `409 lock_held`, keep trying with the same ownership token
         /// until the lock is acquired or `timeout` has passed; then the last
-        /// `Error::Conflict` is returned (so `is_lock_held()` stays true).
+        /// conflict stands: an `Error::Conflict` (so `is_lock_held()` stays
+        /// true), or `Ok(None)` from `try_with_lock`. For a set of keys
+        /// (`hold_all`, `with_locks`) `timeout` is one deadline for the
+        /// whole set.
         ///
         /// Quota-aware, because a project's 600 lock operations a minute are
         /// shared by its whole fleet: the waiter learns the holder's expiry
@@ -68,8 +71,9 @@ macro_rules! acquisition_setters {
         /// answer (a late success is returned as the lease). If it never
         /// answers, the wait returns its `Error::Transport`, not an older
         /// conflict, and a lease it may have obtained is undone with a
-        /// release when the SDK generated the token. With `.token(..)`,
-        /// acquire again with the same token to recover it. `Duration::MAX`
+        /// release when the SDK generated the token; with a token of the
+        /// caller's (`.token(..)`), acquire again with it to recover the
+        /// lease. `Duration::MAX`
         /// waits forever; `Duration::ZERO` makes one try with 2 s to answer.
         pub fn wait(mut self, timeout: ::std::time::Duration) -> Self {
             self.acquire_spec().wait = Some(timeout);
@@ -89,12 +93,14 @@ macro_rules! acquisition_setters {
     };
     (@ max_hold) => {
         /// Holds the lock at most this long from when it was acquired (for a
-        /// leader: each term): then renewal stops, the lease is released,
-        /// and the loss is reported as
+        /// set: each key; for a leader: each term): then renewal stops, the
+        /// lease is released, and the loss is reported as
         /// [`LostReason::MaxHold`](crate::LostReason::MaxHold), whatever the
         /// protected code is doing (it sees the loss on `lost()`; a scope
-        /// with `cancel_on_loss` and a leader's term are stopped). A stuck
-        /// job cannot keep the lock forever. At least 1 s.
+        /// with `cancel_on_loss` and a leader's term are stopped, and the
+        /// candidate waits about one poll interval before campaigning
+        /// again, so that another may win). A stuck job cannot keep the
+        /// lock forever. At least 1 s.
         pub fn max_hold(mut self, max_hold: ::std::time::Duration) -> Self {
             self.hold_spec().max_hold = Some(max_hold);
             self

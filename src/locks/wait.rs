@@ -286,7 +286,7 @@ impl Waiter {
             (true, Some(expires_at)) => {
                 let server_now = date.unwrap_or_else(Utc::now);
                 let left = (expires_at - server_now).to_std().unwrap_or_default();
-                let spread = LOOK_SPREAD.mul_f64(rand::random::<f64>());
+                let spread = LOOK_SPREAD.mul_f64(crate::random::unit());
                 now.checked_add(left.saturating_add(TAKEOVER_GRACE + LOOK_AFTER + spread))
             }
             (true, None) => None,
@@ -298,7 +298,7 @@ impl Waiter {
     fn spread(&self, retry_after: Option<Duration>) -> Duration {
         let after = retry_after.map_or(POLL_MIN, |a| a.min(MAX_RETRY_AFTER));
         let spread = self.poll_interval.min(MAX_RETRY_AFTER);
-        after + spread.mul_f64(rand::random::<f64>())
+        after + spread.mul_f64(crate::random::unit())
     }
 
     /// The next ramp step: ±20 % jitter, growing by half up to the poll
@@ -312,7 +312,7 @@ impl Waiter {
 
 /// `d` with ±20 % jitter.
 fn jitter(d: Duration) -> Duration {
-    d.mul_f64(0.8 + 0.4 * rand::random::<f64>())
+    d.mul_f64(0.8 + 0.4 * crate::random::unit())
 }
 
 #[cfg(test)]

@@ -10,7 +10,7 @@ use std::time::Duration;
 use tracing::Instrument;
 
 use super::handle::LockGuard;
-use super::renewal::{renew_in_window, Renewal};
+use super::renewal::{renew_in_window, Counted, Renewal};
 use super::state::{MaxHold, State};
 use crate::error::{Error, LockLost, LostReason, Result};
 use crate::locks::release;
@@ -147,7 +147,7 @@ impl Hold {
             guard: LockGuard { state },
             locks,
             span,
-            stage: Stage::Acquired,
+            stage: Stage::Acquired(Counted::start()),
         };
         // A slow or retried acquire may leave no time before the first
         // renewal: renew once before handing the lock over.
@@ -159,8 +159,10 @@ impl Hold {
                 return Err(Error::LockLost(lost));
             }
         }
-        let renewal = Renewal::start(&held.guard.state, &held.locks, &held.span);
-        held.stage = Stage::Renewing(renewal);
+        if let Stage::Acquired(counted) = std::mem::replace(&mut held.stage, Stage::Stopped) {
+            let renewal = Renewal::start(&held.guard.state, &held.locks, &held.span, counted);
+            held.stage = Stage::Renewing(renewal);
+        }
         Ok(held)
     }
 }
@@ -217,9 +219,12 @@ pub struct HeldLock {
 enum Stage {
     /// Acquired, not handed over yet (a renewal before the first may be
     /// running): a drop releases the lease.
-    Acquired,
+    Acquired(Counted),
     /// Handed over and renewing: a drop stops the renewal and releases.
     Renewing(Renewal),
+    /// No longer renewing or counted, the release not sent or not done: a
+    /// drop releases the lease.
+    Stopped,
     /// The release was sent: nothing left to do.
     Released,
 }
@@ -261,8 +266,10 @@ impl HeldLock {
     }
 
     async fn finish_unscoped(mut self) -> (Option<LockLost>, Result<()>) {
-        if let Stage::Renewing(renewal) = std::mem::replace(&mut self.stage, Stage::Acquired) {
-            renewal.stop().await;
+        // Its count ends here: time spent releasing is not holding.
+        match std::mem::replace(&mut self.stage, Stage::Stopped) {
+            Stage::Renewing(renewal) => renewal.stop().await,
+            other => drop(other),
         }
         let state = &self.guard.state;
         // Expiry counts up to this moment; time spent releasing does not.

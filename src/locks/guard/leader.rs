@@ -259,7 +259,7 @@ fn next_campaign(campaign: &Hold, tokens: &mut Vec<String>) -> (Hold, tracing::S
 /// False if `until` fired meanwhile (step down).
 async fn make_way(campaign: &Hold, until: &mut Signal) -> bool {
     let poll = campaign.acquire.poll_interval.unwrap_or(DEFAULT_POLL);
-    let pause = poll.mul_f64(1.0 + 0.2 * rand::random::<f64>());
+    let pause = poll.mul_f64(1.0 + 0.2 * crate::random::unit());
     tokio::select! {
         biased;
         _ = until => false,

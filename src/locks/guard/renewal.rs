@@ -207,18 +207,44 @@ impl Drop for Tally<'_> {
     }
 }
 
+/// A hold as the metrics see it: counted in `volcano_lock_held` from
+/// acquired until this is dropped, which records its length in
+/// `volcano_lock_hold_seconds`.
+pub(super) struct Counted {
+    since: Instant,
+}
+
+impl Counted {
+    pub(super) fn start() -> Self {
+        crate::telemetry::hold_started();
+        Counted {
+            since: Instant::now(),
+        }
+    }
+}
+
+impl Drop for Counted {
+    fn drop(&mut self) {
+        crate::telemetry::hold_ended(self.since.elapsed());
+    }
+}
+
 /// A hold's renewal task, owned: started when the lock is handed over,
-/// aborted when this is dropped or stopped. While it exists the lock
-/// counts in `volcano_lock_held` (its end in `volcano_lock_hold_seconds`);
-/// while the task runs, in the client's live renewals.
+/// aborted when this is dropped or stopped, and the hold's count ends with
+/// it. While the task runs it counts in the client's live renewals.
 pub(super) struct Renewal {
     task: JoinHandle<()>,
-    since: Instant,
+    _counted: Counted,
 }
 
 impl Renewal {
     /// Starts renewing at the state's next due time, in `span`.
-    pub(super) fn start(state: &Arc<State>, locks: &Locks, span: &tracing::Span) -> Self {
+    pub(super) fn start(
+        state: &Arc<State>,
+        locks: &Locks,
+        span: &tracing::Span,
+        counted: Counted,
+    ) -> Self {
         let counter = locks.client().renewal_counter().clone();
         counter.fetch_add(1, Ordering::SeqCst);
         let live = LiveRenewal(counter);
@@ -226,10 +252,9 @@ impl Renewal {
         let task = tokio::spawn(
             renewal_task(state.clone(), locks.clone(), first_at, live).instrument(span.clone()),
         );
-        crate::telemetry::hold_started();
         Renewal {
             task,
-            since: Instant::now(),
+            _counted: counted,
         }
     }
 
@@ -243,7 +268,6 @@ impl Renewal {
 impl Drop for Renewal {
     fn drop(&mut self) {
         self.task.abort();
-        crate::telemetry::hold_ended(self.since.elapsed());
     }
 }
 

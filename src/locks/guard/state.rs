@@ -256,7 +256,7 @@ impl State {
     }
 
     pub(super) fn next_delay(&self) -> Duration {
-        renewal_delay(self.ttl, self.remaining(), rand::random::<f64>())
+        renewal_delay(self.ttl, self.remaining(), crate::random::unit())
     }
 
     /// When the next renewal is due, as a lease-clock reading.

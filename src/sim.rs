@@ -1,0 +1,110 @@
+//! Hooks for the deterministic simulation (`sim/`, package `volcano-sim`,
+//! feature `sim`): the SDK's requests over a simulated network, its random
+//! numbers from a seed, and its lease clock on the runtime's (simulated)
+//! time. Not an API and not covered by semver.
+
+use std::future::Future;
+use std::pin::Pin;
+
+use bytes::Bytes;
+use reqwest::header::HeaderMap;
+use reqwest::StatusCode;
+
+use crate::error::{Result, TransportKind};
+use crate::wire::{Reply, ReplyBody, Wire, WireError, WireFuture};
+use crate::{Client, ClientBuilder, LeaseClock};
+
+/// A network that carries one request and brings back its whole answer.
+/// It applies the request's own timeout (`request.timeout()`), on the
+/// runtime's clock.
+pub trait Network: Send + Sync + 'static {
+    /// Sends `request`.
+    fn send(
+        &self,
+        request: reqwest::Request,
+    ) -> Pin<Box<dyn Future<Output = std::result::Result<Answer, Failure>> + Send + '_>>;
+}
+
+/// A whole answer.
+#[derive(Debug)]
+pub struct Answer {
+    /// Its status code.
+    pub status: u16,
+    /// Its headers.
+    pub headers: HeaderMap,
+    /// Its body.
+    pub body: Bytes,
+}
+
+/// Why no answer came back.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Failure {
+    /// No connection was made: nothing was sent.
+    Connect,
+    /// The request's timeout ran out: it may have been applied.
+    Timeout,
+    /// The connection broke mid-request: it may have been applied.
+    Io,
+}
+
+/// From now on this thread runs a simulation: random numbers come from
+/// `seed`, and the runtime's clock counts as real. `None` ends it.
+pub fn enter(seed: Option<u64>) {
+    crate::random::seed(seed);
+    crate::realtime::simulate(seed.is_some());
+}
+
+/// A client over `network`, whose lease clock is the runtime's clock
+/// ([`LeaseClock`] advances on it play suspends; see [`lease_clock`]).
+pub fn client(builder: ClientBuilder, network: impl Network) -> Result<Client> {
+    builder.build_over(Some(Box::new(Over(network))))
+}
+
+/// A lease clock on the runtime's clock: `advance` plays a suspend.
+pub fn lease_clock() -> LeaseClock {
+    LeaseClock::runtime()
+}
+
+struct Over<N>(N);
+
+impl<N: Network> Wire for Over<N> {
+    fn send(
+        &self,
+        request: reqwest::Request,
+    ) -> WireFuture<'_, std::result::Result<Reply, WireError>> {
+        Box::pin(async move {
+            match self.0.send(request).await {
+                Ok(answer) => Ok(Reply {
+                    status: StatusCode::from_u16(answer.status).map_err(|e| WireError {
+                        kind: TransportKind::Io,
+                        source: Box::new(e),
+                    })?,
+                    headers: answer.headers,
+                    body: Box::new(Whole(Some(answer.body))),
+                }),
+                Err(failure) => Err(WireError {
+                    kind: match failure {
+                        Failure::Connect => TransportKind::Connect,
+                        Failure::Timeout => TransportKind::Timeout,
+                        Failure::Io => TransportKind::Io,
+                    },
+                    source: format!("simulated network: {failure:?}").into(),
+                }),
+            }
+        })
+    }
+}
+
+/// A body already read whole.
+struct Whole(Option<Bytes>);
+
+impl ReplyBody for Whole {
+    fn content_length(&self) -> Option<u64> {
+        self.0.as_ref().map(|b| b.len() as u64)
+    }
+
+    fn chunk(&mut self) -> WireFuture<'_, std::result::Result<Option<Bytes>, WireError>> {
+        let next = self.0.take();
+        Box::pin(async move { Ok(next) })
+    }
+}
