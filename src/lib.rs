@@ -50,6 +50,18 @@
 //! seen.
 #![cfg_attr(docsrs, feature(doc_cfg))]
 
+/// Whether the simulation planted this bug (`sabotaged!(NoUndo)`); always
+/// false without feature `sim`.
+macro_rules! sabotaged {
+    ($which:ident) => {{
+        #[cfg(feature = "sim")]
+        let planted = $crate::sim::sabotaged($crate::sim::Sabotage::$which);
+        #[cfg(not(feature = "sim"))]
+        let planted = false;
+        planted
+    }};
+}
+
 mod background;
 mod builder;
 mod client;

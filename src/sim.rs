@@ -47,6 +47,35 @@ pub enum Failure {
     Io,
 }
 
+/// A bug planted on purpose, for the simulation's tests that show it can
+/// fail: each must be found within a bounded number of seeds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Sabotage {
+    /// None: the SDK as it is.
+    None,
+    /// A held lock is released before its guards are told, so they still
+    /// believe while another may acquire it.
+    ReleaseBeforeMark,
+    /// An acquire whose outcome is unknown is never undone.
+    NoUndo,
+    /// A lease is timed from when its answer arrived, not from when its
+    /// request was sent.
+    DeadlineFromReceipt,
+}
+
+thread_local! {
+    static SABOTAGE: std::cell::Cell<Sabotage> = const { std::cell::Cell::new(Sabotage::None) };
+}
+
+/// Plants `sabotage` in the SDK on this thread (`Sabotage::None` removes it).
+pub fn sabotage(sabotage: Sabotage) {
+    SABOTAGE.set(sabotage);
+}
+
+pub(crate) fn sabotaged(which: Sabotage) -> bool {
+    SABOTAGE.get() == which
+}
+
 /// From now on this thread runs a simulation: random numbers come from
 /// `seed`, and the runtime's clock counts as real. `None` ends it.
 pub fn enter(seed: Option<u64>) {

@@ -66,8 +66,13 @@ pub(crate) struct Clock {
 
 impl Clock {
     pub(crate) fn new() -> Self {
+        Self::starting_at(Utc::now())
+    }
+
+    /// A clock that reads `epoch` now and runs on the runtime's clock.
+    pub(crate) fn starting_at(epoch: DateTime<Utc>) -> Self {
         Clock {
-            base_wall: Utc::now(),
+            base_wall: epoch,
             base: tokio::time::Instant::now(),
             offset_ms: AtomicI64::new(0),
         }

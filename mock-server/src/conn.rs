@@ -49,33 +49,47 @@ pub(crate) async fn serve(
             _ = stop.changed() => return,
         };
         let _ = stream.set_nodelay(true);
-        let app = app.clone();
-        let mut stop = shutdown.clone();
-        tokio::spawn(async move {
-            let kill = Arc::new(Notify::new());
-            let service = {
-                let kill = kill.clone();
-                hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
-                    req.extensions_mut().insert(Kill(kill.clone()));
-                    let app = app.clone();
-                    async move { app.oneshot(req.map(Body::new)).await }
-                })
-            };
-            let connection = hyper::server::conn::http1::Builder::new()
-                .timer(TokioTimer::new())
-                // The router sets Date from the movable clock; hyper's would
-                // be machine time. (Answers hyper makes itself, to requests
-                // it cannot parse, go without a Date.)
-                .auto_date_header(false)
-                .header_read_timeout(header_read_timeout)
-                .serve_connection(TokioIo::new(stream), service);
-            // Dropping the connection future closes the socket at once.
-            tokio::select! {
-                _ = connection => {}
-                _ = kill.notified() => {}
-                _ = stop.changed() => {}
-            }
-        });
+        tokio::spawn(serve_connection(
+            stream,
+            app.clone(),
+            header_read_timeout,
+            shutdown.clone(),
+        ));
+    }
+}
+
+/// Serves one HTTP/1.1 connection until the client closes it, a handler
+/// kills it ([`Kill`]), or `stop` flips.
+pub(crate) async fn serve_connection<S>(
+    stream: S,
+    app: Router,
+    header_read_timeout: Duration,
+    mut stop: watch::Receiver<bool>,
+) where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let kill = Arc::new(Notify::new());
+    let service = {
+        let kill = kill.clone();
+        hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
+            req.extensions_mut().insert(Kill(kill.clone()));
+            let app = app.clone();
+            async move { app.oneshot(req.map(Body::new)).await }
+        })
+    };
+    let connection = hyper::server::conn::http1::Builder::new()
+        .timer(TokioTimer::new())
+        // The router sets Date from the movable clock; hyper's would be
+        // machine time. (Answers hyper makes itself, to requests it cannot
+        // parse, go without a Date.)
+        .auto_date_header(false)
+        .header_read_timeout(header_read_timeout)
+        .serve_connection(TokioIo::new(stream), service);
+    // Dropping the connection future closes the socket at once.
+    tokio::select! {
+        _ = connection => {}
+        _ = kill.notified() => {}
+        _ = stop.changed() => {}
     }
 }
 

@@ -321,3 +321,53 @@ impl MockServerBuilder {
         })
     }
 }
+
+/// Hooks for the deterministic simulation (`volcano-sim`, feature `sim`):
+/// a server without a listener of its own, on the runtime's (simulated)
+/// clock. Not an API and not covered by semver.
+#[cfg(feature = "sim")]
+impl MockServerBuilder {
+    /// Starts the server without binding: the caller accepts connections
+    /// (on a simulated network) and hands each to
+    /// [`MockServer::serve_connection`]. `addr` is the address clients are
+    /// given; the clock reads `epoch` now and runs on the runtime's clock.
+    #[doc(hidden)]
+    pub fn start_detached(
+        self,
+        addr: SocketAddr,
+        epoch: chrono::DateTime<chrono::Utc>,
+    ) -> io::Result<MockServer> {
+        let (_, config) = self.into_config()?;
+        let shared = Arc::new(Shared::with_clock(config, clock::Clock::starting_at(epoch)));
+        let (shutdown, stop) = watch::channel(false);
+        tokio::spawn(conn::sweep(shared.clone(), stop));
+        Ok(MockServer {
+            addr,
+            url: format!("http://{addr}"),
+            shared,
+            shutdown,
+        })
+    }
+}
+
+#[cfg(feature = "sim")]
+impl MockServer {
+    /// Serves one connection of a [`MockServerBuilder::start_detached`]
+    /// server, until the client closes it, a fault drops it, or the server
+    /// is dropped.
+    #[doc(hidden)]
+    pub fn serve_connection<S>(
+        &self,
+        stream: S,
+    ) -> impl std::future::Future<Output = ()> + Send + 'static
+    where
+        S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+    {
+        conn::serve_connection(
+            stream,
+            router::router(self.shared.clone()),
+            self.shared.config.header_read_timeout,
+            self.shutdown.subscribe(),
+        )
+    }
+}

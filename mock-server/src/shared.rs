@@ -31,12 +31,16 @@ pub(crate) struct Shared {
 
 impl Shared {
     pub(crate) fn new(config: Config) -> Self {
+        Self::with_clock(config, Clock::new())
+    }
+
+    pub(crate) fn with_clock(config: Config, clock: Clock) -> Self {
         Shared {
             quota: Quota::new(config.rate_limit),
             config,
             store: Store::new(),
             faults: Faults::default(),
-            clock: Clock::new(),
+            clock,
             journal: Journal::default(),
         }
     }

@@ -146,7 +146,7 @@ impl Drop for Undo {
         let Some(token) = self.token.take() else {
             return;
         };
-        if !(self.in_flight || self.uncertain) {
+        if !(self.in_flight || self.uncertain) || sabotaged!(NoUndo) {
             return;
         }
         let lease = LockLease::new(
@@ -340,7 +340,14 @@ impl Acquire {
             .common
             .send(&op, request_id, window)
             .await
-            .map(|answer| Measured::new(answer.value, sent_at, answer.date));
+            .map(|answer| {
+                let sent_at = if sabotaged!(DeadlineFromReceipt) {
+                    self.common.locks.client.lease_clock().now()
+                } else {
+                    sent_at
+                };
+                Measured::new(answer.value, sent_at, answer.date)
+            });
         undo.answered(&result);
         let measured = result?;
         tracing::debug!(

@@ -271,11 +271,17 @@ impl HeldLock {
             Stage::Renewing(renewal) => renewal.stop().await,
             other => drop(other),
         }
-        let state = &self.guard.state;
+        let state = self.guard.state.clone();
         // Expiry counts up to this moment; time spent releasing does not.
         state.check();
         let loss = state.failure();
-        state.mark(LockLost::new(state.key.clone(), LostReason::Released));
+        let released = LockLost::new(state.key.clone(), LostReason::Released);
+        if sabotaged!(ReleaseBeforeMark) {
+            let result = self.release_lease().await;
+            state.mark(released);
+            return (loss, result);
+        }
+        state.mark(released);
         let released = self.release_lease().await;
         (loss, released)
     }

@@ -1,0 +1,140 @@
+//! Leases left behind: an acquire whose outcome a program never saw must be
+//! undone, and after every `shutdown` nothing is held but what it reported.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use volcano_mock_server::{Operation, RecordedRequest};
+
+use super::{sim_time, Breaks, Server};
+use crate::log::{Event, Stamped};
+
+/// A grant no program learned of (an acquire whose outcome it never saw)
+/// is undone: its client sends a release for the key (it may not arrive on
+/// a broken network, and then the lease lives out its ttl), or its
+/// `shutdown` reports the key. A crashed client is excused.
+pub(super) fn undone(
+    events: &[Stamped],
+    server: &Server,
+    jumps: &[(Duration, Duration)],
+    breaks: &Breaks,
+    out: &mut Vec<String>,
+) {
+    let mut learned: BTreeSet<(&str, i64)> = BTreeSet::new();
+    let mut excused: BTreeSet<(usize, &str)> = BTreeSet::new();
+    let mut crashed: BTreeSet<usize> = BTreeSet::new();
+    for e in events {
+        match &e.event {
+            Event::Believes { key, fence, .. } | Event::Leased { key, fence, .. } => {
+                learned.insert((key.as_str(), *fence));
+            }
+            Event::Done { client, unreleased } => {
+                excused.extend(unreleased.iter().map(|k| (*client, k.as_str())));
+            }
+            Event::Crashed { client } => {
+                crashed.insert(*client);
+            }
+            _ => {}
+        }
+    }
+    let sent = |r: &RecordedRequest| {
+        r.request_id
+            .as_ref()
+            .and_then(|id| server.sent.by_id.get(id))
+    };
+    let sender = |r: &RecordedRequest| sent(r).map(|(client, _)| client);
+    for (i, r) in server.journal.iter().enumerate() {
+        let (Some(fence), Some(&client)) = (r.fencing_token, sender(r)) else {
+            continue;
+        };
+        if r.operation != Operation::Acquire
+            || r.status != Some(201)
+            || learned.contains(&(r.key.as_str(), fence))
+            || crashed.contains(&client)
+            || excused.contains(&(client, r.key.as_str()))
+        {
+            continue;
+        }
+        // A lease force-released (or cut short by a server clock jump)
+        // before it expired needs no undo.
+        let granted = sim_time(server, jumps, r.at);
+        let expires = r.expires_at.map_or(granted, |e| sim_time(server, jumps, e));
+        if breaks.any(&r.key, granted, expires) {
+            continue;
+        }
+        // A later try of the same acquire answered 409: the server said
+        // the lease is gone (lapsed) or another's, so nothing is left to
+        // undo.
+        let refused_later = server.journal[i + 1..].iter().any(|later| {
+            later.operation == Operation::Acquire
+                && later.request_id == r.request_id
+                && later.status == Some(409)
+        });
+        if refused_later {
+            continue;
+        }
+        let acquire_sent = sent(r).map(|(_, at)| *at).unwrap_or_default();
+        // Releases of this key the client sent after it sent the acquire.
+        let undoing: Vec<&String> = server
+            .sent
+            .releases
+            .iter()
+            .filter(|(c, key, id)| {
+                *c == client
+                    && *key == r.key
+                    && server
+                        .sent
+                        .by_id
+                        .get(id)
+                        .is_some_and(|(_, at)| *at >= acquire_sent)
+            })
+            .map(|(_, _, id)| id)
+            .collect();
+        let released = !undoing.is_empty();
+        let arrived = |range: &[RecordedRequest]| {
+            range.iter().any(|other| {
+                other.operation == Operation::Release
+                    && other
+                        .request_id
+                        .as_ref()
+                        .is_some_and(|id| undoing.contains(&id))
+            })
+        };
+        // A release that arrived before the acquire it undoes frees
+        // nothing; the lease then lives out its ttl.
+        if released && !arrived(&server.journal[i + 1..]) && arrived(&server.journal[..i]) {
+            out.push(format!(
+                "undo raced ahead: client {client}'s release of {} arrived before the acquire \
+                 it undoes (fence {fence}), which then held the key for its whole ttl",
+                r.key
+            ));
+        }
+        if !released {
+            out.push(format!(
+                "not undone: client {client} was granted {} (fence {fence}) by an acquire whose \
+                 outcome it never saw, and never released it",
+                r.key
+            ));
+        }
+    }
+}
+
+/// After every program's `shutdown`, and long enough for a crashed one's
+/// leases to expire, nothing is held but what `shutdown` reported.
+pub(super) fn at_end(events: &[Stamped], server: &Server, out: &mut Vec<String>) {
+    let reported: BTreeSet<&str> = events
+        .iter()
+        .flat_map(|e| match &e.event {
+            Event::Done { unreleased, .. } => unreleased.iter().map(String::as_str).collect(),
+            _ => Vec::new(),
+        })
+        .collect();
+    for lock in &server.locks_at_end {
+        if lock.live && !reported.contains(lock.key.as_str()) {
+            out.push(format!(
+                "leaked lease: {} (fence {}) is held after every program shut down",
+                lock.key, lock.fencing_token
+            ));
+        }
+    }
+}

@@ -1,0 +1,108 @@
+//! What happened in one run: every event of the programs and the driver,
+//! stamped with simulated time, in the order it happened. The trace file
+//! is this log, one line per event.
+
+use std::fmt::Write as _;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// One event.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) enum Event {
+    /// A program got a lease or a guard on `key` with fence `fence`: from
+    /// now until its [`Event::Ended`], it believes it holds the key.
+    Believes {
+        client: usize,
+        key: String,
+        fence: i64,
+    },
+    /// That belief ended (released, lost, dropped); `why` says how.
+    Ended {
+        client: usize,
+        key: String,
+        fence: i64,
+        why: String,
+    },
+    /// A plain acquire returned a lease (not a guard: nothing renews it).
+    Leased {
+        client: usize,
+        key: String,
+        fence: i64,
+    },
+    /// A write through the key's gate, with the writer's fence.
+    Wrote {
+        client: usize,
+        key: String,
+        fence: i64,
+        accepted: bool,
+    },
+    /// A force-release of `key` (breaks exclusion by design).
+    Forced { client: usize, key: String },
+    /// An operation's outcome worth a line (errors, skips).
+    Note { client: usize, what: String },
+    /// A program finished; `unreleased` is what `shutdown` reported.
+    Done {
+        client: usize,
+        unreleased: Vec<String>,
+    },
+    /// A fault the driver injected.
+    Fault { what: String },
+    /// The server clock jumped by `by` (excuses beliefs that span it).
+    ServerJump { by: Duration },
+    /// A client host crashed: its leases stay until they expire.
+    Crashed { client: usize },
+}
+
+/// An event and when it happened (simulated time since the start).
+#[derive(Debug, Clone)]
+pub(crate) struct Stamped {
+    pub(crate) at: Duration,
+    pub(crate) event: Event,
+}
+
+/// The shared log of a run.
+#[derive(Clone, Default)]
+pub(crate) struct Log(Arc<Mutex<Vec<Stamped>>>);
+
+impl Log {
+    pub(crate) fn push(&self, event: Event) {
+        let at = turmoil::sim_elapsed().unwrap_or_default();
+        self.push_at(at, event);
+    }
+
+    pub(crate) fn push_at(&self, at: Duration, event: Event) {
+        self.lock().push(Stamped { at, event });
+    }
+
+    /// Whether program `client` has logged [`Event::Done`].
+    pub(crate) fn finished(&self, client: usize) -> bool {
+        self.lock()
+            .iter()
+            .any(|e| matches!(e.event, Event::Done { client: c, .. } if c == client))
+    }
+
+    pub(crate) fn events(&self) -> Vec<Stamped> {
+        self.lock().clone()
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Stamped>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// The trace: one line per event, `seconds.millis event`.
+pub(crate) fn trace(events: &[Stamped]) -> String {
+    let mut out = String::new();
+    for e in events {
+        let _ = writeln!(
+            out,
+            "{:>4}.{:03} {:?}",
+            e.at.as_secs(),
+            e.at.subsec_millis(),
+            e.event
+        );
+    }
+    out
+}
