@@ -120,7 +120,11 @@ fn granted_at(grants: &[Grant], key: &str, fence: i64) -> Option<Duration> {
 
 /// The sim time at which the server's clock read `at`: it ran from
 /// `epoch` at `started`, plus every jump made before then.
-pub(super) fn sim_time(server: &Server, jumps: &[(Duration, Duration)], at: DateTime<Utc>) -> Duration {
+pub(super) fn sim_time(
+    server: &Server,
+    jumps: &[(Duration, Duration)],
+    at: DateTime<Utc>,
+) -> Duration {
     let since = (at - server.epoch).to_std().unwrap_or_default();
     let mut on_clock = server.started + since;
     for &(when, by) in jumps {
