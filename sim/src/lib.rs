@@ -9,19 +9,20 @@ mod check;
 mod log;
 mod net;
 mod program;
+mod world;
 
+use std::collections::BTreeMap;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, SystemTime};
 
-use chrono::{DateTime, Utc};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 pub use volcano::sim::Sabotage;
 use volcano_mock_server::{Fault, MockServer, Operation};
 
 use crate::log::{Event, Log};
-use crate::net::{PORT, SERVER};
-use crate::program::{Gate, Program, SERVICE_KEY};
+use crate::net::SERVER;
+use crate::world::{World, EPOCH_SECS};
 
 /// How big a run is.
 #[derive(Debug, Clone)]
@@ -60,6 +61,8 @@ pub struct Outcome {
     pub violations: Vec<String>,
     /// Faults injected.
     pub faults: usize,
+    /// Faults injected, by kind.
+    pub fault_kinds: BTreeMap<String, usize>,
     /// Events logged.
     pub events: usize,
     /// The event trace: the same seed gives the same bytes.
@@ -74,7 +77,7 @@ const SETTLE: Duration = Duration::from_secs(15);
 /// No run lasts longer than this in simulated time.
 const LIMIT: Duration = Duration::from_secs(3600);
 
-fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+pub(crate) fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
@@ -89,83 +92,31 @@ pub fn run(seed: u64, options: &Options) -> Outcome {
 }
 
 fn simulate(seed: u64, options: &Options) -> Outcome {
-    let epoch: DateTime<Utc> = DateTime::from_timestamp(1_780_000_000, 0).unwrap_or_default();
     let mut sim = turmoil::Builder::new()
         .rng_seed(seed)
         .tick_duration(TICK)
         .simulation_duration(LIMIT)
         .min_message_latency(Duration::from_millis(1))
         .max_message_latency(Duration::from_millis(40))
-        .epoch(SystemTime::UNIX_EPOCH + Duration::from_secs(1_780_000_000))
+        .epoch(SystemTime::UNIX_EPOCH + Duration::from_secs(EPOCH_SECS as u64))
         .build();
-    let log = Log::default();
-    let server: Arc<Mutex<Option<MockServer>>> = Arc::default();
-    let started: Arc<Mutex<Duration>> = Arc::default();
-    {
-        let (server, started) = (server.clone(), started.clone());
-        sim.host(SERVER, move || {
-            let (server, started) = (server.clone(), started.clone());
-            async move {
-                let addr = std::net::SocketAddr::from(([0, 0, 0, 0], PORT));
-                let mock = MockServer::builder()
-                    .service_key(SERVICE_KEY)
-                    .rate_limit(600)
-                    .start_detached(addr, epoch)?;
-                *lock(&started) = turmoil::sim_elapsed().unwrap_or_default();
-                *lock(&server) = Some(mock);
-                let listener = turmoil::net::TcpListener::bind(addr).await?;
-                loop {
-                    let (stream, _) = listener.accept().await?;
-                    let connection = lock(&server).as_ref().map(|m| m.serve_connection(stream));
-                    if let Some(connection) = connection {
-                        tokio::spawn(connection);
-                    }
-                }
-            }
-        });
-    }
-    let gate = Gate::default();
-    let senders = crate::net::Senders::default();
-    let keys: Vec<String> = (0..options.keys).map(|k| format!("key-{k}")).collect();
-    let mut clocks = Vec::new();
-    for id in 0..options.clients {
-        let clock = Arc::default();
-        clocks.push(Arc::clone(&clock));
-        let program = Program {
-            id,
-            seed: seed.wrapping_mul(1_000_003).wrapping_add(id as u64),
-            keys: keys.clone(),
-            steps: options.steps,
-            log: log.clone(),
-            gate: gate.clone(),
-            senders: senders.clone(),
-            clock,
-        };
-        // A host rather than a turmoil client, so that it can crash.
-        let program = std::cell::RefCell::new(Some(program));
-        sim.host(client_name(id), move || {
-            let program = program.borrow_mut().take();
-            async move {
-                match program {
-                    Some(program) => program.run().await,
-                    None => Ok(()),
-                }
-            }
-        });
-    }
+    let world = World::default();
+    world.serve(&mut sim);
+    let clocks = world.programs(&mut sim, seed, options);
     let mut driver = Driver {
         rng: StdRng::seed_from_u64(seed ^ 0x5eed_f417),
-        log: log.clone(),
-        server: server.clone(),
+        log: world.log.clone(),
+        server: world.server.clone(),
         clocks,
         options: options.clone(),
-        faults: 0,
+        kinds: BTreeMap::new(),
         repairs: Vec::new(),
         crashed: Vec::new(),
     };
     let mut violations = Vec::new();
-    // Until every program has shut down or crashed.
-    while (0..options.clients).any(|c| !log.finished(c) && !driver.crashed.contains(&c)) {
+    // Until every program has shut down or crashed, then long enough for
+    // the leases of a crashed one to expire.
+    while (0..options.clients).any(|c| !world.log.finished(c) && !driver.crashed.contains(&c)) {
         driver.tick(&mut sim);
         if let Err(err) = sim.step() {
             violations.push(format!("a host failed: {err}"));
@@ -173,48 +124,28 @@ fn simulate(seed: u64, options: &Options) -> Outcome {
         }
     }
     let end = sim.elapsed();
-    let settle_until = end + SETTLE;
-    while sim.elapsed() < settle_until {
+    while sim.elapsed() < end + SETTLE {
         if let Err(err) = sim.step() {
             violations.push(format!("a host failed while settling: {err}"));
             break;
         }
     }
-    let events = log.events();
-    let checked = lock(&server).as_ref().map(|mock| check::Server {
-        journal: mock.requests(),
-        locks_at_end: {
-            let mut locks = mock.locks();
-            locks.sort_by(|a, b| a.key.cmp(&b.key));
-            locks
-        },
-        epoch,
-        started: *lock(&started),
-        sent: lock(&senders).clone(),
-    });
-    match checked {
+    let events = world.log.events();
+    // The programs' own faults: futures dropped mid-operation, force-releases.
+    for e in &events {
+        let kind = match &e.event {
+            Event::Note { what, .. } if what == "dropped an operation" => "dropped-future",
+            Event::Forced { .. } => "force-release",
+            _ => continue,
+        };
+        *driver.kinds.entry(kind.to_owned()).or_default() += 1;
+    }
+    match world.server_view() {
         Some(server) => violations.extend(check::all(&events, &server, end)),
         None => violations.push("the server never started".to_owned()),
     }
     let mut trace = log::trace(&events);
-    if let Some(mock) = lock(&server).as_ref() {
-        let senders = lock(&senders);
-        for r in mock.requests() {
-            let sender = r.request_id.as_ref().and_then(|id| senders.by_id.get(id));
-            trace.push_str(&format!(
-                "server {} {} {:?} {} status {:?} fence {:?} from client {:?} fault {:?} id {:?}\n",
-                r.seq,
-                r.at.format("%H:%M:%S%.3f"),
-                r.operation,
-                r.key,
-                r.status,
-                r.fencing_token,
-                sender,
-                r.fault,
-                r.request_id
-            ));
-        }
-    }
+    trace.push_str(&world.journal_trace());
     for v in &violations {
         trace.push_str("violation: ");
         trace.push_str(v);
@@ -223,13 +154,14 @@ fn simulate(seed: u64, options: &Options) -> Outcome {
     Outcome {
         seed,
         violations,
-        faults: driver.faults,
+        faults: driver.kinds.values().sum(),
+        fault_kinds: driver.kinds,
         events: events.len(),
         trace,
     }
 }
 
-fn client_name(id: usize) -> String {
+pub(crate) fn client_name(id: usize) -> String {
     format!("client-{id}")
 }
 
@@ -241,7 +173,8 @@ struct Driver {
     server: Arc<Mutex<Option<MockServer>>>,
     clocks: Vec<Arc<Mutex<Option<volcano::LeaseClock>>>>,
     options: Options,
-    faults: usize,
+    /// Faults injected, by kind.
+    kinds: BTreeMap<String, usize>,
     /// Links to repair or release: when, which client, and whether it was
     /// a hold (released) rather than a partition (repaired).
     repairs: Vec<(Duration, usize, bool)>,
@@ -272,18 +205,37 @@ impl Driver {
             return;
         }
         let client = self.rng.random_range(0..self.options.clients);
+        if let Some(what) = self.inject(sim, client, now) {
+            let kind = what
+                .split_whitespace()
+                .next()
+                .unwrap_or_default()
+                .to_owned();
+            *self.kinds.entry(kind).or_default() += 1;
+            self.log.push_at(now, Event::Fault { what });
+        }
+    }
+
+    /// One fault, chosen from the seed; what it was, or `None` if it could
+    /// not be made (a server clock jump before the server started).
+    fn inject(
+        &mut self,
+        sim: &mut turmoil::Sim<'_>,
+        client: usize,
+        now: Duration,
+    ) -> Option<String> {
         let name = client_name(client);
         let lasting = Duration::from_millis(self.rng.random_range(100..15_000));
         let what = match self.rng.random_range(0..20) {
             0..=2 => {
                 sim.partition(name.as_str(), SERVER);
                 self.repairs.push((now + lasting, client, false));
-                format!("partition {name} for {lasting:?}")
+                format!("partition of {name} for {lasting:?}")
             }
             3..=5 => {
                 sim.hold(name.as_str(), SERVER);
                 self.repairs.push((now + lasting, client, true));
-                format!("hold {name}'s link for {lasting:?}")
+                format!("hold of {name}'s link for {lasting:?}")
             }
             6..=13 => self.server_fault(lasting),
             14 | 15 => {
@@ -291,17 +243,14 @@ impl Driver {
                 if let Some(clock) = lock(&self.clocks[client]).as_ref() {
                     clock.advance(by);
                 }
-                format!("suspend {name} for {by:?}")
+                format!("suspend of {name} for {by:?}")
             }
             16 => {
                 let by = Duration::from_millis(self.rng.random_range(100..3_000));
                 // Only a server that has started can jump.
-                let Some(mock) = lock(&self.server).as_ref().map(|m| m.advance(by)) else {
-                    return;
-                };
-                let () = mock;
+                lock(&self.server).as_ref().map(|m| m.advance(by))?;
                 self.log.push_at(now, Event::ServerJump { by });
-                format!("server clock jumps {by:?}")
+                format!("server-clock-jump by {by:?}")
             }
             17 if !self.crashed.contains(&client)
                 && !self.log.finished(client)
@@ -310,16 +259,15 @@ impl Driver {
                 sim.crash(name.as_str());
                 self.crashed.push(client);
                 self.log.push_at(now, Event::Crashed { client });
-                format!("crash {name}")
+                format!("crash of {name}")
             }
             _ => {
                 let latency = Duration::from_millis(self.rng.random_range(1..2_000));
                 sim.set_link_latency(name.as_str(), SERVER, latency);
-                format!("latency {latency:?} between {name} and the server")
+                format!("latency of {latency:?} between {name} and the server")
             }
         };
-        self.faults += 1;
-        self.log.push_at(now, Event::Fault { what });
+        Some(what)
     }
 
     /// A fault of the server's own: an answer status, a dropped answer, a
@@ -333,14 +281,17 @@ impl Driver {
         ];
         let op = ops[self.rng.random_range(0..ops.len())];
         let times = self.rng.random_range(1..=3);
-        let fault = match self.rng.random_range(0..5) {
-            0 => Fault::status(503),
-            1 => Fault::status(429),
-            2 => Fault::drop_response(),
-            3 => Fault::delay_response(lasting),
-            _ => Fault::reset(),
+        let (fault, kind) = match self.rng.random_range(0..5) {
+            0 => (Fault::status(503), "503".to_owned()),
+            1 => (Fault::status(429), "429".to_owned()),
+            2 => (Fault::drop_response(), "drop-response".to_owned()),
+            3 => (
+                Fault::delay_response(lasting),
+                format!("delay-response of {lasting:?}"),
+            ),
+            _ => (Fault::reset(), "reset".to_owned()),
         };
-        let what = format!("{fault:?} on {op:?} x{times}");
+        let what = format!("{kind} on {op:?} x{times}");
         if let Some(mock) = lock(&self.server).as_ref() {
             mock.inject(fault.on(op).times(times));
         }

@@ -93,10 +93,14 @@ fn main() -> ExitCode {
     });
     let started = std::time::Instant::now();
     let (mut violations, mut faults, mut events, mut failed) = (0, 0, 0, Vec::new());
+    let mut kinds = std::collections::BTreeMap::<String, usize>::new();
     for seed in args.first..args.first.saturating_add(args.seeds) {
         let outcome = run(seed, &args.options);
         violations += outcome.violations.len();
         faults += outcome.faults;
+        for (kind, n) in &outcome.fault_kinds {
+            *kinds.entry(kind.clone()).or_default() += n;
+        }
         events += outcome.events;
         if let Some(path) = &args.trace {
             if let Err(err) = std::fs::write(path, &outcome.trace) {
@@ -130,6 +134,8 @@ fn main() -> ExitCode {
         "{:.1} seeds/s over {secs:.1} s; failing seeds: {failed:?}",
         args.seeds as f64 / secs.max(1e-9)
     );
+    let kinds: Vec<String> = kinds.iter().map(|(k, n)| format!("{k} {n}")).collect();
+    eprintln!("faults by kind: {}", kinds.join(", "));
     println!(
         "sim: {} seeds, {violations} violations, {faults} faults, {events} events",
         args.seeds
