@@ -16,6 +16,9 @@ pub(crate) struct Server {
     pub(crate) journal: Vec<RecordedRequest>,
     /// Its leases after the programs ended and the crashed ones' expired.
     pub(crate) locks_at_end: Vec<LockSnapshot>,
+    /// Its clock's reading then. (A snapshot's own `live` is computed on
+    /// the clock of the caller's runtime, and the checks run outside any.)
+    pub(crate) now_at_end: DateTime<Utc>,
     /// Its clock's reading when the server started, at `started` (sim time).
     pub(crate) epoch: DateTime<Utc>,
     pub(crate) started: Duration,

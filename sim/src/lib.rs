@@ -140,7 +140,14 @@ fn simulate(seed: u64, options: &Options) -> Outcome {
         };
         *driver.kinds.entry(kind.to_owned()).or_default() += 1;
     }
-    match world.server_view() {
+    let jumped = events
+        .iter()
+        .filter_map(|e| match e.event {
+            Event::ServerJump { by } => Some(by),
+            _ => None,
+        })
+        .sum();
+    match world.server_view(sim.elapsed(), jumped) {
         Some(server) => violations.extend(check::all(&events, &server, end)),
         None => violations.push("the server never started".to_owned()),
     }

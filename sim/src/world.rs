@@ -97,8 +97,12 @@ impl World {
         clocks
     }
 
-    /// What the checks need from the server, once it has started.
-    pub(crate) fn server_view(&self) -> Option<check::Server> {
+    /// What the checks need from the server, once it has started; `now` is
+    /// the simulated time, `jumped` the server clock's jumps so far.
+    pub(crate) fn server_view(&self, now: Duration, jumped: Duration) -> Option<check::Server> {
+        let started = *lock(&self.started);
+        let since =
+            chrono::TimeDelta::from_std(now.saturating_sub(started) + jumped).unwrap_or_default();
         lock(&self.server).as_ref().map(|mock| check::Server {
             journal: mock.requests(),
             locks_at_end: {
@@ -106,8 +110,9 @@ impl World {
                 locks.sort_by(|a, b| a.key.cmp(&b.key));
                 locks
             },
+            now_at_end: epoch() + since,
             epoch: epoch(),
-            started: *lock(&self.started),
+            started,
             sent: lock(&self.senders).clone(),
         })
     }

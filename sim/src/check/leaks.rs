@@ -130,7 +130,8 @@ pub(super) fn at_end(events: &[Stamped], server: &Server, out: &mut Vec<String>)
         })
         .collect();
     for lock in &server.locks_at_end {
-        if lock.live && !reported.contains(lock.key.as_str()) {
+        let live = lock.expires_at > server.now_at_end;
+        if live && !reported.contains(lock.key.as_str()) {
             out.push(format!(
                 "leaked lease: {} (fence {}) is held after every program shut down",
                 lock.key, lock.fencing_token
