@@ -10,6 +10,8 @@ use volcano_mock_server::{LockSnapshot, Operation, RecordedRequest};
 use crate::log::{Event, Stamped};
 
 mod leaks;
+mod recovery;
+mod truth;
 
 /// What the server says happened, and how to read its clock.
 pub(crate) struct Server {
@@ -28,12 +30,12 @@ pub(crate) struct Server {
 
 /// A program's belief that it holds `key` under `fence`, from `from` to `to`.
 #[derive(Debug)]
-struct Belief {
-    client: usize,
-    key: String,
-    fence: i64,
-    from: Duration,
-    to: Duration,
+pub(super) struct Belief {
+    pub(super) client: usize,
+    pub(super) key: String,
+    pub(super) fence: i64,
+    pub(super) from: Duration,
+    pub(super) to: Duration,
 }
 
 /// A grant of `key` to the lease with `fence`, at `at` (sim time).
@@ -59,6 +61,11 @@ pub(crate) fn all(events: &[Stamped], server: &Server, end: Duration) -> Vec<Str
     };
     let beliefs = beliefs(events, end);
     let mut violations = Vec::new();
+    // Liveness, coarsely: three programs of mostly holds and scopes on two
+    // keys always get some lock, whatever the faults.
+    if beliefs.is_empty() {
+        violations.push("liveness: no program held any key in the whole run".to_owned());
+    }
     exclusion(&beliefs, &grants, &breaks, &mut violations);
     granted(&beliefs, &grants, &mut violations);
     writes(events, &grants, &breaks, &mut violations);
@@ -66,6 +73,8 @@ pub(crate) fn all(events: &[Stamped], server: &Server, end: Duration) -> Vec<Str
     within_lease(&beliefs, &grants, server, &jumps, &breaks, &mut violations);
     leaks::undone(events, server, &jumps, &breaks, &mut violations);
     leaks::at_end(events, server, &mut violations);
+    recovery::after_crash(events, &beliefs, server, &jumps, &breaks, &mut violations);
+    truth::releases(events, server, &jumps, &mut violations);
     violations
 }
 

@@ -36,6 +36,14 @@ pub(crate) enum Event {
         fence: i64,
         accepted: bool,
     },
+    /// An operation that waits for `key` if it is held, until `until`.
+    Waits {
+        client: usize,
+        key: String,
+        until: Duration,
+    },
+    /// A program's operation ended (done, failed or dropped).
+    StepEnded { client: usize },
     /// A force-release of `key` (breaks exclusion by design).
     Forced { client: usize, key: String },
     /// An operation's outcome worth a line (errors, skips).

@@ -90,7 +90,22 @@ impl Program {
             let drop_after = rng
                 .random_bool(0.2)
                 .then(|| Duration::from_millis(rng.random_range(0..6_000)));
-            let step = ctx.step(op, key, ttl, work, rng.random());
+            let coin: u64 = rng.random();
+            // How long this operation waits for a held key, if it does.
+            let waits = match op {
+                0..=5 | 8 | 9 => Some(Duration::from_millis(coin % 20_000)),
+                10 => Some(work * 3),
+                _ => None,
+            };
+            if let Some(wait) = waits {
+                let until = turmoil::sim_elapsed().unwrap_or_default() + wait;
+                self.log.push(Event::Waits {
+                    client: self.id,
+                    key: key.clone(),
+                    until,
+                });
+            }
+            let step = ctx.step(op, key, ttl, work, coin);
             match drop_after {
                 Some(after) => {
                     tokio::select! {
@@ -100,6 +115,7 @@ impl Program {
                 }
                 None => step.await,
             }
+            self.log.push(Event::StepEnded { client: self.id });
             tokio::time::sleep(Duration::from_millis(rng.random_range(0..2_000))).await;
         }
         let mut unreleased = client.shutdown(Duration::from_secs(120)).await;
