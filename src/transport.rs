@@ -503,14 +503,14 @@ mod tests {
             .lock()
             .unwrap()
             .extend([Err(TransportKind::Timeout)]);
-        let err = transport(&wire)
-            .send(
-                &crate::ops::Get { key: "job" },
-                REQUEST_ID,
-                Timing::default(),
-            )
-            .await
-            .unwrap_err();
+        let get = || async {
+            let op = crate::ops::Get { key: "job" };
+            transport(&wire)
+                .send(&op, REQUEST_ID, Timing::default())
+                .await
+                .unwrap_err()
+        };
+        let err = get().await;
         assert!(
             matches!(&err, Error::Transport(t) if t.is_timeout()),
             "{err:?}"
@@ -520,14 +520,7 @@ mod tests {
             .lock()
             .unwrap()
             .extend([Ok((409, r#"{"error":"held","code":"lock_held"}"#))]);
-        let err = transport(&wire)
-            .send(
-                &crate::ops::Get { key: "job" },
-                REQUEST_ID,
-                Timing::default(),
-            )
-            .await
-            .unwrap_err();
+        let err = get().await;
         assert!(err.is_lock_held(), "{err:?}");
         assert_eq!(wire.sent.lock().unwrap().len(), 2);
     }

@@ -56,19 +56,8 @@ async fn a_paused_runtime_clock_fails_fast_with_a_message() {
 /// one to wait through, and the request is not sent again.
 #[tokio::test(start_paused = true)]
 async fn a_waiting_acquire_on_a_paused_clock_fails_once_instead_of_spinning() {
-    use wiremock::{matchers::any, Mock, ResponseTemplate};
     watchdog(Duration::from_secs(60));
-    let server = wiremock::MockServer::start().await;
-    Mock::given(any())
-        .respond_with(ResponseTemplate::new(201).set_delay(Duration::from_secs(30)))
-        .mount(&server)
-        .await;
-    let client = Client::builder()
-        .service_key("service-key")
-        .api_url(server.uri())
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
+    let (server, client) = slow_server(201).await;
     let locks = client.locks();
     let call = tokio::spawn(async move {
         locks
@@ -84,6 +73,24 @@ async fn a_waiting_acquire_on_a_paused_clock_fails_once_instead_of_spinning() {
     assert!(server.received_requests().await.unwrap().len() <= 1);
 }
 
+/// A server that answers `status` after 30 s, and a client with a 5 s
+/// timeout for it.
+async fn slow_server(status: u16) -> (wiremock::MockServer, Client) {
+    use wiremock::{matchers::any, Mock, ResponseTemplate};
+    let server = wiremock::MockServer::start().await;
+    Mock::given(any())
+        .respond_with(ResponseTemplate::new(status).set_delay(Duration::from_secs(30)))
+        .mount(&server)
+        .await;
+    let client = Client::builder()
+        .service_key("service-key")
+        .api_url(server.uri())
+        .timeout(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    (server, client)
+}
+
 /// `err` and its sources, as one line.
 fn chain(err: &dyn std::error::Error) -> String {
     std::iter::successors(Some(err), |e| e.source())
@@ -95,19 +102,8 @@ fn chain(err: &dyn std::error::Error) -> String {
 /// The lock call itself: its wait for an answer is cut short by the jump.
 #[tokio::test(start_paused = true)]
 async fn a_request_cut_short_by_a_paused_clock_fails_naming_the_cause() {
-    use wiremock::{matchers::any, Mock, ResponseTemplate};
     watchdog(Duration::from_secs(60));
-    let server = wiremock::MockServer::start().await;
-    Mock::given(any())
-        .respond_with(ResponseTemplate::new(200).set_delay(Duration::from_secs(30)))
-        .mount(&server)
-        .await;
-    let client = Client::builder()
-        .service_key("service-key")
-        .api_url(server.uri())
-        .timeout(Duration::from_secs(5))
-        .build()
-        .unwrap();
+    let (_server, client) = slow_server(200).await;
     let call = tokio::spawn(async move { client.locks().get("job").await });
     let err = call.await.expect("no panic").expect_err("the call fails");
     // Sent, and its answer never seen: the outcome is unknown.
