@@ -331,6 +331,9 @@ impl MockServerBuilder {
     /// (on a simulated network) and hands each to
     /// [`MockServer::serve_connection`]. `addr` is the address clients are
     /// given; the clock reads `epoch` now and runs on the runtime's clock.
+    /// Outside that runtime the clock cannot be read (tokio's clock there
+    /// is the machine's): [`MockServer::locks`]' `live` and `held` are then
+    /// wrong, so judge a snapshot taken from outside by its `expires_at`.
     #[doc(hidden)]
     pub fn start_detached(
         self,
