@@ -94,9 +94,7 @@ impl Log {
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Stamped>> {
-        self.0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
+        crate::lock(&self.0)
     }
 }
 

@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 use std::future::Future;
 use std::pin::Pin;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use http_body_util::{BodyExt, Full};
@@ -44,7 +44,7 @@ impl Network for SimNetwork {
     ) -> Pin<Box<dyn Future<Output = Result<Answer, Failure>> + Send + '_>> {
         let timeout = request.timeout().copied().unwrap_or(self.timeout);
         {
-            let mut sent = self.senders.lock().unwrap_or_else(PoisonError::into_inner);
+            let mut sent = crate::lock(&self.senders);
             let id = request
                 .headers()
                 .get("x-volcano-request-id")
@@ -77,10 +77,11 @@ async fn exchange(request: reqwest::Request) -> Result<Answer, Failure> {
     let (mut sender, connection) = hyper::client::conn::http1::handshake(TokioIo::new(stream))
         .await
         .map_err(|_| Failure::Connect)?;
-    // Driven beside the request; dropped with it.
-    let driver = tokio::task::spawn(async move {
+    // Driven beside the request, and stopped with it: also when this
+    // future is dropped mid-request (a timeout, an abandoned call).
+    let driver = AbortOnDrop(tokio::task::spawn(async move {
         let _ = connection.await;
-    });
+    }));
     let result = async {
         let response = sender
             .send_request(to_hyper(&request))
@@ -101,8 +102,17 @@ async fn exchange(request: reqwest::Request) -> Result<Answer, Failure> {
         })
     }
     .await;
-    driver.abort();
+    drop(driver);
     result
+}
+
+/// Aborts its task when dropped.
+struct AbortOnDrop(tokio::task::JoinHandle<()>);
+
+impl Drop for AbortOnDrop {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
 }
 
 /// The same request as hyper takes it: method, path, headers, body.

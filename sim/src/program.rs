@@ -29,10 +29,7 @@ pub(crate) struct Gate(Arc<Mutex<HashMap<String, i64>>>);
 
 impl Gate {
     fn write(&self, key: &str, fence: i64) -> bool {
-        let mut highest = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut highest = crate::lock(&self.0);
         let seen = highest.entry(key.to_owned()).or_insert(i64::MIN);
         if fence < *seen {
             return false;
@@ -58,10 +55,7 @@ pub(crate) struct Program {
 impl Program {
     pub(crate) async fn run(self) -> turmoil::Result {
         let clock = volcano::sim::lease_clock();
-        *self
-            .clock
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner) = Some(clock.clone());
+        *crate::lock(&self.clock) = Some(clock.clone());
         let builder = Client::builder()
             .api_url(format!("http://{SERVER}:{PORT}"))
             .allow_insecure_http(true)

@@ -24,11 +24,19 @@ pub(crate) struct Measured {
 }
 
 impl Measured {
+    /// `clock`: the lease clock `sent_at` was read on.
     pub(super) fn new(
         lease: LockLease,
         sent_at: Duration,
         date: Option<chrono::DateTime<chrono::Utc>>,
+        clock: &crate::LeaseClock,
     ) -> Self {
+        let sent_at = if sabotaged!(DeadlineFromReceipt) {
+            clock.now()
+        } else {
+            sent_at
+        };
+        let _ = clock;
         let granted = date.map(|date| granted(lease.expires_at(), date));
         Measured {
             lease,
@@ -341,12 +349,8 @@ impl Acquire {
             .send(&op, request_id, window)
             .await
             .map(|answer| {
-                let sent_at = if sabotaged!(DeadlineFromReceipt) {
-                    self.common.locks.client.lease_clock().now()
-                } else {
-                    sent_at
-                };
-                Measured::new(answer.value, sent_at, answer.date)
+                let clock = self.common.locks.client.lease_clock();
+                Measured::new(answer.value, sent_at, answer.date, clock)
             });
         undo.answered(&result);
         let measured = result?;

@@ -44,12 +44,8 @@ impl Renew {
             .common
             .send(&op, &request_id, Default::default())
             .await?;
-        let sent_at = if sabotaged!(DeadlineFromReceipt) {
-            self.common.locks.client.lease_clock().now()
-        } else {
-            sent_at
-        };
-        Ok(Measured::new(answer.value, sent_at, answer.date))
+        let clock = self.common.locks.client.lease_clock();
+        Ok(Measured::new(answer.value, sent_at, answer.date, clock))
     }
 }
 
