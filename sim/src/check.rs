@@ -10,6 +10,7 @@ use volcano_mock_server::{LockSnapshot, Operation, RecordedRequest};
 use crate::log::{Event, Stamped};
 
 mod leaks;
+mod linear;
 mod recovery;
 mod truth;
 
@@ -75,7 +76,39 @@ pub(crate) fn all(events: &[Stamped], server: &Server, end: Duration) -> Vec<Str
     leaks::at_end(events, server, &mut violations);
     recovery::after_crash(events, &beliefs, server, &jumps, &breaks, &mut violations);
     truth::releases(events, server, &jumps, &mut violations);
+    let history = history(server, &jumps);
+    linear::server(&history, &mut violations);
+    linear::clients(&server.sent.attempts, &history, &mut violations);
     violations
+}
+
+/// The journal with what each request id carried (token, TTL), on sim time.
+fn history(server: &Server, jumps: &[(Duration, Duration)]) -> Vec<linear::Entry> {
+    let mut carried: BTreeMap<&str, &crate::net::Attempt> = BTreeMap::new();
+    for a in &server.sent.attempts {
+        carried.entry(a.request_id.as_str()).or_insert(a);
+    }
+    server
+        .journal
+        .iter()
+        .map(|r| {
+            let sent = r.request_id.as_deref().and_then(|id| carried.get(id));
+            linear::Entry {
+                seq: r.seq,
+                at: r.at,
+                sim_at: sim_time(server, jumps, r.at),
+                operation: r.operation,
+                key: r.key.clone(),
+                request_id: r.request_id.clone(),
+                token: sent.and_then(|a| a.token.clone()),
+                ttl_seconds: sent.and_then(|a| a.ttl_seconds),
+                status: r.status,
+                fault: r.fault,
+                fence: r.fencing_token,
+                expires_at: r.expires_at,
+            }
+        })
+        .collect()
 }
 
 /// The server's grants (acquires answered 201), on sim time.

@@ -11,6 +11,7 @@ use std::time::Duration;
 use http_body_util::{BodyExt, Full};
 use hyper_util::rt::TokioIo;
 use volcano::sim::{Answer, Failure, Network};
+use volcano_mock_server::Operation;
 
 /// The server's name on the simulated network, and its port.
 pub(crate) const SERVER: &str = "server";
@@ -18,13 +19,65 @@ pub(crate) const PORT: u16 = 80;
 
 /// What the clients sent, as the network saw it: who sent each request id
 /// (so that the server's journal can be read per client), and every
-/// release sent, whether or not it arrived.
+/// attempt, whether or not it arrived, with the answer it got (the
+/// clients' side of the history).
 #[derive(Debug, Clone, Default)]
 pub(crate) struct Sent {
     /// Who sent each request id, and when it was first sent.
     pub(crate) by_id: HashMap<String, (usize, Duration)>,
-    /// (client, key, request id) of each release sent.
-    pub(crate) releases: Vec<(usize, String, String)>,
+    /// Every attempt, in the order sent.
+    pub(crate) attempts: Vec<Attempt>,
+}
+
+/// One attempt of a request, as its client saw it.
+#[derive(Debug, Clone)]
+pub(crate) struct Attempt {
+    pub(crate) client: usize,
+    pub(crate) request_id: String,
+    pub(crate) operation: Operation,
+    pub(crate) key: String,
+    /// The lock token sent (acquire, renew, release).
+    pub(crate) token: Option<String>,
+    /// The `ttl_seconds` sent (acquire, renew).
+    pub(crate) ttl_seconds: Option<i64>,
+    /// When it was sent (simulated time).
+    pub(crate) sent: Duration,
+    /// The answer, if one came back whole.
+    pub(crate) answer: Option<Observed>,
+}
+
+/// An answer a client received.
+#[derive(Debug, Clone)]
+pub(crate) struct Observed {
+    /// When it was received (simulated time).
+    pub(crate) at: Duration,
+    pub(crate) status: u16,
+    /// The body's `fencing_token`, if it had one.
+    pub(crate) fence: Option<i64>,
+}
+
+/// The operation and key of a lock request's path and method.
+fn operation(method: &reqwest::Method, path: &str) -> Option<(Operation, String)> {
+    let rest = path.strip_prefix("/locks/")?;
+    let (key, lease) = match rest.strip_suffix("/lease") {
+        Some(key) => (key, true),
+        None => (rest, false),
+    };
+    let op = match (method.as_str(), lease) {
+        ("POST", true) => Operation::Acquire,
+        ("PATCH", true) => Operation::Renew,
+        ("DELETE", true) => Operation::Release,
+        ("GET", false) => Operation::Get,
+        ("DELETE", false) => Operation::ForceRelease,
+        _ => return None,
+    };
+    Some((op, key.to_owned()))
+}
+
+/// A JSON body's integer member `name`.
+fn member(body: &[u8], name: &str) -> Option<i64> {
+    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    value.get(name)?.as_i64()
 }
 
 pub(crate) type Senders = Arc<Mutex<Sent>>;
@@ -35,6 +88,9 @@ pub(crate) struct SimNetwork {
     /// The client's per-request timeout, for requests that carry none.
     pub(crate) timeout: Duration,
     pub(crate) senders: Senders,
+    /// Counts the lock requests this client has sent, so that its program
+    /// can drop an operation while one is in flight.
+    pub(crate) sent_count: tokio::sync::watch::Sender<u64>,
 }
 
 impl Network for SimNetwork {
@@ -43,29 +99,57 @@ impl Network for SimNetwork {
         request: reqwest::Request,
     ) -> Pin<Box<dyn Future<Output = Result<Answer, Failure>> + Send + '_>> {
         let timeout = request.timeout().copied().unwrap_or(self.timeout);
-        {
-            let mut sent = crate::lock(&self.senders);
-            let id = request
-                .headers()
-                .get("x-volcano-request-id")
-                .and_then(|v| v.to_str().ok());
-            let id = id.unwrap_or_default().to_owned();
-            let now = turmoil::sim_elapsed().unwrap_or_default();
-            sent.by_id.entry(id.clone()).or_insert((self.client, now));
-            let path = request.url().path();
-            if request.method() == reqwest::Method::DELETE && path.ends_with("/lease") {
-                let key = path
-                    .trim_start_matches("/locks/")
-                    .trim_end_matches("/lease");
-                sent.releases.push((self.client, key.to_owned(), id));
-            }
+        let attempt = self.record(&request);
+        if attempt.is_some() {
+            self.sent_count.send_modify(|n| *n += 1);
         }
+        let senders = self.senders.clone();
         Box::pin(async move {
-            match tokio::time::timeout(timeout, exchange(request)).await {
+            let answer = match tokio::time::timeout(timeout, exchange(request)).await {
                 Ok(answer) => answer,
                 Err(_) => Err(Failure::Timeout),
+            };
+            if let (Ok(answer), Some(index)) = (&answer, attempt) {
+                let observed = Observed {
+                    at: turmoil::sim_elapsed().unwrap_or_default(),
+                    status: answer.status,
+                    fence: member(&answer.body, "fencing_token"),
+                };
+                crate::lock(&senders).attempts[index].answer = Some(observed);
             }
+            answer
         })
+    }
+}
+
+impl SimNetwork {
+    /// Notes who sent `request`, and the attempt; returns the attempt's
+    /// index when it is a lock request.
+    fn record(&self, request: &reqwest::Request) -> Option<usize> {
+        let header = |name: &str| {
+            request
+                .headers()
+                .get(name)
+                .and_then(|v| v.to_str().ok())
+                .map(str::to_owned)
+        };
+        let id = header("x-volcano-request-id").unwrap_or_default();
+        let now = turmoil::sim_elapsed().unwrap_or_default();
+        let mut sent = crate::lock(&self.senders);
+        sent.by_id.entry(id.clone()).or_insert((self.client, now));
+        let (operation, key) = operation(request.method(), request.url().path())?;
+        let body = request.body().and_then(reqwest::Body::as_bytes);
+        sent.attempts.push(Attempt {
+            client: self.client,
+            request_id: id,
+            operation,
+            key,
+            token: header("x-volcano-lock-token"),
+            ttl_seconds: body.and_then(|b| member(b, "ttl_seconds")),
+            sent: now,
+            answer: None,
+        });
+        Some(sent.attempts.len() - 1)
     }
 }
 

@@ -1,7 +1,11 @@
 //! What a client host runs: a seeded program of lock operations through
-//! the real SDK (hold, with_lock, try_with_lock, a waiting acquire with
-//! renew and release, leader, force-release), some futures dropped at a
-//! random point, then `shutdown`. Every belief that it holds a key is
+//! the real SDK (hold, with `max_hold` and a request timeout at times;
+//! with_lock; try_with_lock; hold_all and with_locks over every key; a
+//! waiting acquire with renew and release; leader; a hold under the
+//! program's own token, recovered the documented way; force-release),
+//! waiting with the default poll interval or a much shorter one. Some
+//! operations are dropped, at a random time or just after one of their
+//! requests went out; then `shutdown`. Every belief that it holds a key is
 //! logged with the guard's fence, and ended when the guard says it is lost
 //! or released.
 
@@ -21,6 +25,8 @@ use crate::net::{SimNetwork, PORT, SERVER};
 pub(crate) const SERVICE_KEY: &str = "sim-service-key";
 /// Each request's timeout.
 const TIMEOUT: Duration = Duration::from_secs(10);
+/// The operation that acquires under the program's own token.
+const OWN_TOKEN: u32 = 14;
 
 /// A store guarded by fences: a write is accepted when its fence is not
 /// lower than the highest the key has seen (the rule a fenced store keeps).
@@ -62,10 +68,12 @@ impl Program {
             .service_key(SERVICE_KEY)
             .timeout(TIMEOUT)
             .lease_clock(clock);
+        let (sent_count, requests) = tokio::sync::watch::channel(0);
         let network = SimNetwork {
             client: self.id,
             timeout: TIMEOUT,
             senders: self.senders.clone(),
+            sent_count,
         };
         let client = volcano::sim::client(builder, network)?;
         let mut rng = StdRng::seed_from_u64(self.seed);
@@ -78,16 +86,21 @@ impl Program {
         for _ in 0..self.steps {
             let key = self.keys[rng.random_range(0..self.keys.len())].clone();
             let ttl = Duration::from_secs(rng.random_range(5..=12));
-            let op = rng.random_range(0..12);
+            let op = rng.random_range(0..16);
             let work = Duration::from_millis(rng.random_range(0..8_000));
-            // Some operations are abandoned at a random point.
-            let drop_after = rng
-                .random_bool(0.2)
-                .then(|| Duration::from_millis(rng.random_range(0..6_000)));
+            // Some operations are abandoned: at a random time, or just
+            // after one of their requests went out (where an outcome is
+            // most often unknown).
+            let drop_after = rng.random_bool(0.2).then(|| {
+                let after = Duration::from_millis(rng.random_range(0..6_000));
+                let nth = rng.random_bool(0.5).then(|| rng.random_range(1..=4));
+                let settle = Duration::from_millis(rng.random_range(0..300));
+                (after, nth, settle)
+            });
             let coin: u64 = rng.random();
             // How long this operation waits for a held key, if it does.
             let waits = match op {
-                0..=5 | 8 | 9 => Some(Duration::from_millis(coin % 20_000)),
+                0..=5 | 8 | 9 | 12..=14 => Some(Duration::from_millis(coin % 20_000)),
                 10 => Some(work * 3),
                 _ => None,
             };
@@ -99,12 +112,20 @@ impl Program {
                     until,
                 });
             }
-            let step = ctx.step(op, key, ttl, work, coin);
+            let step = ctx.step(op, key.clone(), ttl, work, coin, &self.keys);
             match drop_after {
-                Some(after) => {
+                Some(drop_at) => {
                     tokio::select! {
                         () = step => {}
-                        () = tokio::time::sleep(after) => ctx.note("dropped an operation"),
+                        () = drop_point(drop_at, requests.clone()) => {
+                            ctx.note("dropped an operation");
+                            // The SDK undoes what it started under its own
+                            // tokens; under the program's own, the program
+                            // does, with an idempotent release.
+                            if op == OWN_TOKEN {
+                                ctx.recover_own(&key, uuid_from(coin), ttl).await;
+                            }
+                        }
                     }
                 }
                 None => step.await,
@@ -139,14 +160,22 @@ impl Ctx {
     }
 
     /// One operation; `op` picks which.
-    async fn step(&self, op: u32, key: String, ttl: Duration, work: Duration, coin: u64) {
+    async fn step(
+        &self,
+        op: u32,
+        key: String,
+        ttl: Duration,
+        work: Duration,
+        coin: u64,
+        all: &[String],
+    ) {
         let wait = Duration::from_millis(coin % 20_000);
         let locks = &self.locks;
         match op {
-            0..=2 => match locks.hold(&key, ttl).wait(wait).await {
+            0..=2 => match self.shaped_hold(&key, ttl, wait, coin).await {
                 Ok(held) => {
                     let ended = self.believe(&held);
-                    self.work(&held, work).await;
+                    self.work(&[&*held], work).await;
                     if coin % 3 == 0 {
                         drop(held);
                     } else if let Err(err) = held.release().await {
@@ -159,10 +188,10 @@ impl Ctx {
             3..=5 => {
                 let scope = locks.with_lock(&key, ttl, |guard| async move {
                     let ended = self.believe(&guard);
-                    self.work(&guard, work).await;
+                    self.work(&[&guard], work).await;
                     Ok::<_, volcano::Error>(ended)
                 });
-                match scope.wait(wait).await {
+                match scope.wait(wait).poll_interval(poll_for(coin)).await {
                     Ok(ended) => ended.await,
                     Err(err) => self.note(format!("with_lock {key}: {err}")),
                 }
@@ -170,7 +199,7 @@ impl Ctx {
             6 | 7 => {
                 let scope = locks.try_with_lock(&key, ttl, |guard| async move {
                     let ended = self.believe(&guard);
-                    self.work(&guard, work).await;
+                    self.work(&[&guard], work).await;
                     Ok::<_, volcano::Error>(ended)
                 });
                 match scope.await {
@@ -179,8 +208,23 @@ impl Ctx {
                     Err(err) => self.note(format!("try_with_lock {key}: {err}")),
                 }
             }
-            8 | 9 => self.plain(&key, ttl, wait).await,
+            8 | 9 => self.plain(&key, ttl, wait, coin).await,
             10 => self.lead(&key, ttl, work).await,
+            12 => self.hold_all(all, ttl, wait, work, coin).await,
+            13 => {
+                let scope = locks.with_locks(all.to_vec(), ttl, |set| async move {
+                    let guards: Vec<LockGuard> =
+                        set.keys().filter_map(|k| set.guard(k)).cloned().collect();
+                    let ended: Vec<_> = guards.iter().map(|g| self.believe(g)).collect();
+                    self.work(&guards.iter().collect::<Vec<_>>(), work).await;
+                    Ok::<_, volcano::Error>(ended)
+                });
+                match scope.wait(wait).poll_interval(poll_for(coin)).await {
+                    Ok(ended) => futures_all(ended).await,
+                    Err(err) => self.note(format!("with_locks: {err}")),
+                }
+            }
+            OWN_TOKEN => self.own_token(&key, ttl, wait, work, coin).await,
             _ => match locks.force_release(&key).await {
                 Ok(()) => self.log.push(Event::Forced {
                     client: self.id,
@@ -222,30 +266,151 @@ impl Ctx {
         }
     }
 
-    /// The protected work: writes through the gate, each while the guard
-    /// still holds, until `work` has passed or the guard is lost.
-    async fn work(&self, guard: &LockGuard, work: Duration) {
-        let lease = guard.lease();
+    /// The protected work: writes through the gate under each guard, while
+    /// they all still hold, until `work` has passed or one is lost.
+    async fn work(&self, guards: &[&LockGuard], work: Duration) {
         let end = tokio::time::Instant::now() + work;
-        while tokio::time::Instant::now() < end && !guard.is_lost() {
-            let accepted = self.gate.write(lease.key(), lease.fencing_token());
-            self.log.push(Event::Wrote {
-                client: self.id,
-                key: lease.key().to_owned(),
-                fence: lease.fencing_token(),
-                accepted,
-            });
+        let any_lost = || guards.iter().any(|g| g.is_lost());
+        while tokio::time::Instant::now() < end && !any_lost() {
+            for guard in guards {
+                let lease = guard.lease();
+                let accepted = self.gate.write(lease.key(), lease.fencing_token());
+                self.log.push(Event::Wrote {
+                    client: self.id,
+                    key: lease.key().to_owned(),
+                    fence: lease.fencing_token(),
+                    accepted,
+                });
+            }
+            let lost = guards.iter().map(|g| Box::pin(g.lost()));
             tokio::select! {
-                () = guard.lost() => {}
+                _ = futures_any(lost) => {}
                 () = tokio::time::sleep(Duration::from_millis(700)) => {}
             }
         }
     }
 
+    /// `hold` with options the coin picks: a cap on the hold (`max_hold`)
+    /// and a per-request timeout.
+    async fn shaped_hold(
+        &self,
+        key: &str,
+        ttl: Duration,
+        wait: Duration,
+        coin: u64,
+    ) -> volcano::Result<volcano::HeldLock> {
+        let mut hold = self
+            .locks
+            .hold(key, ttl)
+            .wait(wait)
+            .poll_interval(poll_for(coin));
+        if coin % 5 == 0 {
+            hold = hold.max_hold(Duration::from_millis(1_000 + coin % 9_000));
+        }
+        if coin % 7 == 0 {
+            hold = hold.timeout(Duration::from_millis(500 + coin % 4_000));
+        }
+        hold.await
+    }
+
+    /// Frees whatever lease `token` may hold on `key` (release is
+    /// idempotent), trying again while the failure is transient.
+    async fn release_own(&self, key: &str, token: String) {
+        let orphan = volcano::LockLease::new(key, token, chrono::DateTime::UNIX_EPOCH, 0);
+        for _ in 0..4 {
+            match self.locks.release(&orphan).await {
+                Err(err) if err.is_transient() => {
+                    self.note(format!("release {key} of own token failed, again: {err}"));
+                    tokio::time::sleep(Duration::from_millis(500)).await;
+                }
+                Err(err) => return self.note(format!("release {key} of own token: {err}")),
+                Ok(()) => return,
+            }
+        }
+    }
+
+    /// Every key at once, then released (or dropped).
+    async fn hold_all(
+        &self,
+        all: &[String],
+        ttl: Duration,
+        wait: Duration,
+        work: Duration,
+        coin: u64,
+    ) {
+        let mut hold = self
+            .locks
+            .hold_all(all.to_vec(), ttl)
+            .wait(wait)
+            .poll_interval(poll_for(coin));
+        if coin % 4 == 0 {
+            hold = hold.max_hold(Duration::from_millis(1_000 + coin % 9_000));
+        }
+        let held = match hold.await {
+            Ok(held) => held,
+            Err(err) => return self.note(format!("hold_all: {err}")),
+        };
+        let set = held.set();
+        let guards: Vec<LockGuard> = set.keys().filter_map(|k| set.guard(k)).cloned().collect();
+        let ended: Vec<_> = guards.iter().map(|g| self.believe(g)).collect();
+        self.work(&guards.iter().collect::<Vec<_>>(), work).await;
+        if coin % 3 == 0 {
+            drop(held);
+        } else if let Err(err) = held.release().await {
+            self.note(format!("release of all: {err}"));
+        }
+        futures_all(ended).await;
+    }
+
+    /// A hold under the program's own token, released or dropped. A
+    /// failure, or the program dropping it (see [`Ctx::recover_own`]), is
+    /// recovered the documented way: hold again with the same token
+    /// (idempotent: it gets back the lease if it is still ours), then
+    /// release.
+    async fn own_token(&self, key: &str, ttl: Duration, wait: Duration, work: Duration, coin: u64) {
+        let token = uuid_from(coin);
+        let hold = self.locks.hold(key, ttl).token(token.clone()).wait(wait);
+        match hold.poll_interval(poll_for(coin)).await {
+            Ok(held) => {
+                let ended = self.believe(&held);
+                self.work(&[&*held], work).await;
+                if coin % 3 == 0 {
+                    drop(held);
+                } else if let Err(err) = held.release().await {
+                    self.note(format!("release of {key}: {err}"));
+                }
+                ended.await;
+            }
+            Err(err) => {
+                self.note(format!("hold {key} with own token: {err}"));
+                self.recover_own(key, token, ttl).await;
+            }
+        }
+    }
+
+    /// After an abandoned or failed hold under `token`: holds again with
+    /// it, without waiting, works a little if that got the lease back,
+    /// and releases whatever the token may hold.
+    async fn recover_own(&self, key: &str, token: String, ttl: Duration) {
+        match self.locks.hold(key, ttl).token(token.clone()).await {
+            Ok(held) => {
+                let ended = self.believe(&held);
+                self.work(&[&*held], Duration::from_secs(1)).await;
+                if let Err(err) = held.release().await {
+                    self.note(format!("release of {key}: {err}"));
+                }
+                ended.await;
+            }
+            Err(err) => self.note(format!("recovering {key} with own token: {err}")),
+        }
+        self.release_own(key, token).await;
+    }
+
     /// A waiting acquire, a renew and a release, by hand.
-    async fn plain(&self, key: &str, ttl: Duration, wait: Duration) {
+    async fn plain(&self, key: &str, ttl: Duration, wait: Duration, coin: u64) {
         let locks = &self.locks;
-        let lease = match locks.acquire(key, ttl).wait(wait).await {
+        let acquire = locks.acquire(key, ttl).wait(wait);
+        let lease = match acquire.poll_interval(poll_for(coin)).await {
             Ok(lease) => lease,
             Err(err) => return self.note(format!("acquire {key}: {err}")),
         };
@@ -276,7 +441,7 @@ impl Ctx {
             .until(until)
             .run(|term| async move {
                 let ended = self.believe(&term);
-                self.work(&term, Duration::from_secs(3600)).await;
+                self.work(&[&term], Duration::from_secs(3600)).await;
                 ended.await;
                 Ok::<_, volcano::Error>(())
             })
@@ -285,4 +450,65 @@ impl Ctx {
             self.note(format!("leader {key}: {err}"));
         }
     }
+}
+
+/// When to drop an operation: `after` it began, or, with `nth`, `settle`
+/// after its nth request was sent (never, if it sends fewer).
+async fn drop_point(
+    (after, nth, settle): (Duration, Option<u64>, Duration),
+    mut requests: tokio::sync::watch::Receiver<u64>,
+) {
+    let Some(nth) = nth else {
+        return tokio::time::sleep(after).await;
+    };
+    let target = *requests.borrow_and_update() + nth;
+    if requests.wait_for(|n| *n >= target).await.is_err() {
+        std::future::pending::<()>().await;
+    }
+    tokio::time::sleep(settle).await;
+}
+
+/// How often a waiter looks for an early release: mostly the default, at
+/// times much more often (so that a waiter can take a key in the moment
+/// between a release that was applied and its client learning so).
+fn poll_for(coin: u64) -> Duration {
+    const OFTEN: [u64; 4] = [200, 500, 1_000, 2_000];
+    match (coin / 11) % 3 {
+        0 => Duration::from_millis(OFTEN[(coin / 33 % 4) as usize]),
+        _ => Duration::from_secs(10),
+    }
+}
+
+/// A UUID spelled from `seed` (a caller's own token).
+fn uuid_from(seed: u64) -> String {
+    let mut rng = StdRng::seed_from_u64(seed);
+    let (a, b, c, d): (u32, u16, u16, u64) =
+        (rng.random(), rng.random(), rng.random(), rng.random());
+    format!(
+        "{a:08x}-{b:04x}-4{:03x}-8{:03x}-{:012x}",
+        c & 0x0fff,
+        d & 0x0fff,
+        (d >> 16) & 0xffff_ffff_ffff
+    )
+}
+
+/// Waits for every future.
+async fn futures_all(all: Vec<impl Future<Output = ()>>) {
+    for f in all {
+        f.await;
+    }
+}
+
+/// Completes when any of `futures` does (never, when there are none).
+async fn futures_any<F: Future<Output = ()> + Unpin>(futures: impl Iterator<Item = F>) {
+    let mut futures: Vec<F> = futures.collect();
+    std::future::poll_fn(|cx| {
+        for f in &mut futures {
+            if std::pin::Pin::new(f).poll(cx).is_ready() {
+                return std::task::Poll::Ready(());
+            }
+        }
+        std::task::Poll::Pending
+    })
+    .await;
 }

@@ -117,14 +117,25 @@ impl World {
         })
     }
 
-    /// The server's journal as trace lines, each with the client that sent
-    /// the request.
+    /// Every attempt the clients sent (with its answer), then the server's
+    /// journal, as trace lines; each journal line names the client that
+    /// sent the request.
     pub(crate) fn journal_trace(&self) -> String {
         let Some(mock) = lock(&self.server).as_ref().map(|m| m.requests()) else {
             return String::new();
         };
         let senders = lock(&self.senders);
         let mut out = String::new();
+        for a in &senders.attempts {
+            let answer = a.answer.as_ref().map_or_else(
+                || "no answer".to_owned(),
+                |o| format!("answered {} fence {:?} at {:?}", o.status, o.fence, o.at),
+            );
+            out.push_str(&format!(
+                "sent by client {} at {:?}: {:?} {} id {} {answer}\n",
+                a.client, a.sent, a.operation, a.key, a.request_id
+            ));
+        }
         for r in mock {
             let sender = r.request_id.as_ref().and_then(|id| senders.by_id.get(id));
             out.push_str(&format!(

@@ -73,22 +73,24 @@ pub(super) fn undone(
         if refused_later {
             continue;
         }
-        let acquire_sent = sent(r).map(|(_, at)| *at).unwrap_or_default();
-        // Releases of this key the client sent after it sent the acquire.
-        let undoing: Vec<&String> = server
-            .sent
-            .releases
+        // Releases of this token the client sent after it sent the
+        // acquire (the token tells an undo from the release of an
+        // earlier lease sent at the same moment).
+        let attempts = &server.sent.attempts;
+        let acquire = attempts
             .iter()
-            .filter(|(c, key, id)| {
-                *c == client
-                    && *key == r.key
-                    && server
-                        .sent
-                        .by_id
-                        .get(id)
-                        .is_some_and(|(_, at)| *at >= acquire_sent)
+            .find(|a| r.request_id.as_ref() == Some(&a.request_id));
+        let Some(acquire) = acquire else { continue };
+        let undoing: Vec<&String> = attempts
+            .iter()
+            .filter(|a| {
+                a.operation == Operation::Release
+                    && a.client == client
+                    && a.key == r.key
+                    && a.token == acquire.token
+                    && a.sent >= acquire.sent
             })
-            .map(|(_, _, id)| id)
+            .map(|a| &a.request_id)
             .collect();
         let released = !undoing.is_empty();
         let arrived = |range: &[RecordedRequest]| {

@@ -7,10 +7,6 @@ use volcano_mock_server::Operation;
 use super::{sim_time, Server};
 use crate::log::{Event, Stamped};
 
-/// How long after the refused attempt's arrival its answer takes to reach
-/// the program (the call returns on it).
-const REPORT_WITHIN: Duration = Duration::from_secs(5);
-
 /// A release whose earlier attempt (same request id) was applied, its
 /// answer lost, and whose later attempt was answered 409 did free the
 /// lease: the call must succeed. A program told "conflict" by it was told
@@ -40,14 +36,31 @@ pub(super) fn releases(
         if !applied {
             continue;
         }
+        // The call returns (and the program notes it) the moment that 409
+        // arrives: a note at another time came from another call.
+        let arrived_at: Vec<Duration> = server
+            .sent
+            .attempts
+            .iter()
+            .filter(|a| &a.request_id == id)
+            .filter_map(|a| a.answer.as_ref())
+            .filter(|answer| answer.status == 409)
+            .map(|answer| answer.at)
+            .collect();
         let at = sim_time(server, jumps, refused.at);
         let told = events.iter().find(|e| {
             e.at >= at
-                && e.at <= at + REPORT_WITHIN
+                && arrived_at.contains(&e.at)
                 && matches!(&e.event, Event::Note { client: c, what }
                     if *c == client
-                        && (what.starts_with(&format!("release of {}: lock conflict", refused.key))
-                            || what.starts_with(&format!("release {}: lock conflict", refused.key))))
+                        && [
+                            format!("release of {}: lock conflict", refused.key),
+                            format!("release {}: lock conflict", refused.key),
+                            format!("release {} of own token: lock conflict", refused.key),
+                            "release of all: lock conflict".to_owned(),
+                        ]
+                        .iter()
+                        .any(|said| what.starts_with(said)))
         });
         if let Some(told) = told {
             out.push(format!(
