@@ -11,31 +11,29 @@
 //! so it never touches a real job's lock). `RUST_LOG=volcano=debug` shows
 //! the SDK's own log lines.
 
-use std::sync::Mutex;
 use std::time::Duration;
 
 use volcano::{Client, Error};
+use volcano_fence::Gate;
 use volcano_mock_server::MockServer;
 
 const TTL: Duration = Duration::from_secs(5);
 
-/// The protected resource: it remembers the highest fencing token it has
-/// seen and refuses writes that carry a lower one.
+/// The protected resource: the report, behind a fence gate
+/// (`volcano_fence::Gate`) that remembers the highest fencing token it has
+/// seen and refuses writes that carry a lower one. In PostgreSQL,
+/// `volcano_fence::sqlx::check` does the same inside the write's
+/// transaction.
 #[derive(Default)]
 struct ReportStore {
-    highest_fence: Mutex<i64>,
+    gate: Gate,
 }
 
 impl ReportStore {
     fn write(&self, fence: i64, by: &str) -> Result<(), String> {
-        let mut highest = self.highest_fence.lock().unwrap();
-        if fence < *highest {
-            return Err(format!(
-                "rejected {by}'s write: fencing token {fence} is older than {highest}"
-            ));
-        }
-        *highest = fence;
-        Ok(())
+        self.gate
+            .check("daily-report", fence)
+            .map_err(|stale| format!("rejected {by}'s write: {stale}"))
     }
 }
 

@@ -18,24 +18,23 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use volcano::{Client, Error, LockGuard};
+use volcano_fence::Gate;
 use volcano_mock_server::MockServer;
 
-/// A store that refuses writes carrying a fencing token older than the
-/// newest it has accepted.
+/// The job's output, behind a fence gate (`volcano_fence::Gate`): a
+/// chunk carrying a fencing token older than the newest accepted one is
+/// refused, and the check and the append are one step.
 #[derive(Default)]
 struct FencedStore {
-    inner: Mutex<(i64, Vec<String>)>,
+    gate: Gate,
+    lines: Mutex<Vec<String>>,
 }
 
 impl FencedStore {
     fn append(&self, fence: i64, line: String) -> Result<(), String> {
-        let mut inner = self.inner.lock().unwrap();
-        if fence < inner.0 {
-            return Err(format!("stale fencing token {fence} (newest {})", inner.0));
-        }
-        inner.0 = fence;
-        inner.1.push(line);
-        Ok(())
+        self.gate
+            .write("report", fence, || self.lines.lock().unwrap().push(line))
+            .map_err(|stale| stale.to_string())
     }
 }
 
@@ -171,11 +170,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         eprintln!("releases still running for {unfinished:?}; those locks expire at their ttl");
     }
 
-    let inner = store.inner.lock().unwrap();
     println!(
         "\nThe store accepted {} chunks; newest fencing token {}.",
-        inner.1.len(),
-        inner.0
+        store.lines.lock().unwrap().len(),
+        store.gate.highest_seen("report").unwrap_or_default()
     );
     Ok(())
 }

@@ -5,8 +5,11 @@
 //!
 //! Checks: no guard believes it holds the lock after the server granted it
 //! to another owner (except after a force release, which is unsafe by
-//! definition); the fencing-checked store rejects only writes from guards
-//! displaced by a force release; no renewal task outlives its guard; no
+//! definition); the fencing-checked stores (a `volcano_fence::Gate`, and a
+//! PostgreSQL table behind `volcano_fence`'s check when PostgreSQL is
+//! available, which CI requires) reject only writes from guards displaced
+//! by a force release, PostgreSQL commits writes in non-decreasing fence
+//! order, and refuses at least one stale write; no renewal task outlives its guard; no
 //! lease is left live once the workers have ended (checked at once, before
 //! any ttl could have run out).
 //!
@@ -26,8 +29,12 @@ use chrono::{DateTime, Utc};
 use common::{eventually, mock_client};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use tokio::sync::Mutex as AsyncMutex;
 use tokio::time::Instant;
+use tokio_postgres::Client as PgClient;
 use volcano::{Error, LostReason};
+use volcano_fence::testing::Postgres;
+use volcano_fence::{Gate, Table};
 use volcano_mock_server::{Fault, MockServer, Operation};
 
 const KEY: &str = "chaos";
@@ -43,25 +50,72 @@ struct Belief {
     end: DateTime<Utc>,
 }
 
-/// A store that accepts a write only if its fence is at least the highest
-/// it has accepted.
+/// The protected store, twice: in memory behind a fence gate, and (when a
+/// PostgreSQL server is available) a table behind `volcano_fence`'s check
+/// in each write's transaction. A write goes to both.
 #[derive(Default)]
 struct FencedStore {
-    highest: Mutex<i64>,
+    gate: Gate,
     accepted: Mutex<u64>,
     rejected: Mutex<Vec<(i64, DateTime<Utc>)>>,
+    /// Writes PostgreSQL refused as stale.
+    pg_refused: Mutex<Vec<(i64, DateTime<Utc>)>>,
 }
 
+/// The schema the chaos run's PostgreSQL store lives in.
+const PG_SCHEMA: &str = "volcano_chaos";
+
 impl FencedStore {
-    fn write(&self, fence: i64, at: DateTime<Utc>) {
-        let mut highest = self.highest.lock().unwrap();
-        if fence < *highest {
-            self.rejected.lock().unwrap().push((fence, at));
-        } else {
-            *highest = fence;
-            *self.accepted.lock().unwrap() += 1;
+    async fn write(&self, fence: i64, at: DateTime<Utc>, db: Option<&AsyncMutex<PgClient>>) {
+        match self.gate.check(KEY, fence) {
+            Ok(()) => *self.accepted.lock().unwrap() += 1,
+            Err(_) => self.rejected.lock().unwrap().push((fence, at)),
+        }
+        let Some(db) = db else { return };
+        let mut db = db.lock().await;
+        let tx = db.transaction().await.expect("begin");
+        let table = Table::in_schema(PG_SCHEMA).unwrap();
+        match volcano_fence::tokio_postgres::check_in(&tx, &table, KEY, fence).await {
+            Ok(()) => {
+                tx.execute(
+                    "INSERT INTO volcano_chaos.writes (fence) VALUES ($1)",
+                    &[&fence],
+                )
+                .await
+                .expect("insert");
+                tx.commit().await.expect("commit");
+            }
+            Err(err) => {
+                assert!(err.is_stale(), "{err}");
+                self.pg_refused.lock().unwrap().push((fence, at));
+            }
         }
     }
+}
+
+/// A connection to the chaos run's PostgreSQL, if there is one.
+async fn pg_connect(url: Option<&str>) -> Option<Arc<AsyncMutex<PgClient>>> {
+    let (client, connection) = tokio_postgres::connect(url?, tokio_postgres::NoTls)
+        .await
+        .expect("connect to PostgreSQL");
+    tokio::spawn(connection);
+    Some(Arc::new(AsyncMutex::new(client)))
+}
+
+/// A fresh schema with the fence table and a table of accepted writes.
+async fn pg_setup(url: &str) {
+    let db = pg_connect(Some(url)).await.unwrap();
+    let db = db.lock().await;
+    db.batch_execute(&format!(
+        "DROP SCHEMA IF EXISTS {PG_SCHEMA} CASCADE; CREATE SCHEMA {PG_SCHEMA}; \
+         CREATE TABLE {PG_SCHEMA}.writes (id bigserial PRIMARY KEY, fence bigint NOT NULL)"
+    ))
+    .await
+    .unwrap();
+    let table = Table::in_schema(PG_SCHEMA).unwrap();
+    volcano_fence::tokio_postgres::migrate_in(&db, &table)
+        .await
+        .unwrap();
 }
 
 #[derive(Default)]
@@ -110,6 +164,12 @@ async fn chaos_keeps_mutual_exclusion() {
     let seed = env_u64("VOLCANO_CHAOS_SEED").unwrap_or_else(rand::random);
     eprintln!("chaos: seed {seed} (replay with VOLCANO_CHAOS_SEED={seed}), {seconds} s, {WORKERS} workers");
 
+    // The PostgreSQL store: required with CI=true, else used if found.
+    let pg_url = Postgres::or_skip("chaos_keeps_mutual_exclusion (its PostgreSQL store)")
+        .map(|pg| pg.url().to_owned());
+    if let Some(url) = &pg_url {
+        pg_setup(url).await;
+    }
     let server = Arc::new(MockServer::start().await);
     let store = Arc::new(FencedStore::default());
     let beliefs = Arc::new(Mutex::new(Vec::<Belief>::new()));
@@ -133,13 +193,16 @@ async fn chaos_keeps_mutual_exclusion() {
             beliefs.clone(),
             tally.clone(),
         );
+        let pg_url = pg_url.clone();
         workers.push(tokio::spawn(async move {
+            let db = pg_connect(pg_url.as_deref()).await;
             let mut rng = StdRng::seed_from_u64(seed.wrapping_add(worker + 1));
             let locks = client.locks();
             while Instant::now() < stop_at {
                 // Up to 4 s: long enough for a couple of renewals (every ~1.7 s).
                 let work = Duration::from_millis(rng.random_range(100..4_000));
                 let (server2, store2, beliefs2) = (server.clone(), store.clone(), beliefs.clone());
+                let db2 = db.clone();
                 let ran = Arc::new(AtomicBool::new(false));
                 let ran2 = ran.clone();
                 let result = locks
@@ -161,7 +224,7 @@ async fn chaos_keeps_mutual_exclusion() {
                             if guard.is_lost() {
                                 break;
                             }
-                            store2.write(fence, server2.now());
+                            store2.write(fence, server2.now(), db2.as_deref()).await;
                             tokio::time::sleep(Duration::from_millis(50)).await;
                         }
                         let finished = server2.now();
@@ -276,14 +339,37 @@ async fn chaos_keeps_mutual_exclusion() {
             }
         }
     }
+    // A refused write is explained when a force release displaced its
+    // guard after it got the lock.
+    let unexplained = |refused: &[(i64, DateTime<Utc>)]| -> Vec<(i64, DateTime<Utc>)> {
+        refused
+            .iter()
+            .filter(|(fence, at)| {
+                let belief = beliefs.iter().find(|b| b.fence == *fence);
+                !belief.is_some_and(|b| forced_between(b.start, *at))
+            })
+            .copied()
+            .collect()
+    };
     let rejected = store.rejected.lock().unwrap().clone();
-    let unexplained_rejections: Vec<_> = rejected
-        .iter()
-        .filter(|(fence, at)| {
-            let belief = beliefs.iter().find(|b| b.fence == *fence);
-            !belief.is_some_and(|b| forced_between(b.start, *at))
-        })
-        .collect();
+    let unexplained_rejections = unexplained(&rejected);
+    let pg_refused = store.pg_refused.lock().unwrap().clone();
+    let pg_unexplained = unexplained(&pg_refused);
+    // The writes PostgreSQL committed, in commit order (the fence check
+    // serializes them on the resource's row).
+    let pg_committed: Option<Vec<i64>> = match pg_connect(pg_url.as_deref()).await {
+        Some(db) => Some(
+            db.lock()
+                .await
+                .query("SELECT fence FROM volcano_chaos.writes ORDER BY id", &[])
+                .await
+                .unwrap()
+                .iter()
+                .map(|row| row.get(0))
+                .collect(),
+        ),
+        None => None,
+    };
     let renewals = journal
         .iter()
         .filter(|r| r.operation == Operation::Renew && r.status == Some(200))
@@ -341,6 +427,15 @@ async fn chaos_keeps_mutual_exclusion() {
         rejected.len(),
         rejected.len() - unexplained_rejections.len()
     );
+    match &pg_committed {
+        Some(committed) => eprintln!(
+            "  PostgreSQL writes committed: {}, stale writes refused: {} (after a force release: {})",
+            committed.len(),
+            pg_refused.len(),
+            pg_refused.len() - pg_unexplained.len()
+        ),
+        None => eprintln!("  PostgreSQL store: not run (no PostgreSQL)"),
+    }
     eprintln!(
         "  overlaps: {} (excused by a force release: {excused})",
         overlaps.len()
@@ -364,5 +459,20 @@ async fn chaos_keeps_mutual_exclusion() {
         unexplained_rejections.is_empty(),
         "seed {seed}: stale writes without a force release: {unexplained_rejections:?}"
     );
+    if let Some(committed) = &pg_committed {
+        let out_of_order: Vec<_> = committed.windows(2).filter(|w| w[0] > w[1]).collect();
+        assert!(
+            out_of_order.is_empty(),
+            "seed {seed}: PostgreSQL accepted stale writes (committed fences went down): {out_of_order:?}"
+        );
+        assert!(
+            pg_unexplained.is_empty(),
+            "seed {seed}: PostgreSQL refused writes without a force release: {pg_unexplained:?}"
+        );
+        assert!(
+            !pg_refused.is_empty(),
+            "seed {seed}: PostgreSQL refused no stale write: the fenced store was not tested"
+        );
+    }
     assert!(tasks_ok, "seed {seed}: a renewal task outlived its guard");
 }

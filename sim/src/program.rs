@@ -9,7 +9,6 @@
 //! logged with the guard's fence, and ended when the guard says it is lost
 //! or released.
 
-use std::collections::HashMap;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -28,20 +27,15 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 /// The operation that acquires under the program's own token.
 const OWN_TOKEN: u32 = 14;
 
-/// A store guarded by fences: a write is accepted when its fence is not
-/// lower than the highest the key has seen (the rule a fenced store keeps).
+/// The store the programs write to: keys behind a fence gate (the
+/// in-memory store side of fencing), shared by every program of a run.
 #[derive(Clone, Default)]
-pub(crate) struct Gate(Arc<Mutex<HashMap<String, i64>>>);
+pub(crate) struct Gate(volcano_fence::Gate);
 
 impl Gate {
+    /// Whether the store accepts a write to `key` under `fence`.
     fn write(&self, key: &str, fence: i64) -> bool {
-        let mut highest = crate::lock(&self.0);
-        let seen = highest.entry(key.to_owned()).or_insert(i64::MIN);
-        if fence < *seen {
-            return false;
-        }
-        *seen = fence;
-        true
+        self.0.check(key, fence).is_ok()
     }
 }
 

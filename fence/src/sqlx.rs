@@ -1,0 +1,112 @@
+//! The fence in PostgreSQL through sqlx (feature `sqlx`).
+//!
+//! ```no_run
+//! # async fn demo(pool: sqlx::PgPool, fence: i64) -> Result<(), volcano_fence::Error> {
+//! volcano_fence::sqlx::migrate(&pool).await?;
+//! let mut tx = pool.begin().await.expect("begin");
+//! volcano_fence::sqlx::check(&mut *tx, "nightly-report", fence).await?;
+//! // ... the transaction's writes ...
+//! tx.commit().await.expect("commit");
+//! # Ok(()) }
+//! ```
+
+use std::sync::LazyLock;
+
+use ::sqlx::{PgConnection, PgPool};
+
+use crate::error::check_resource;
+use crate::table::{raced, MIGRATE_TRIES};
+use crate::{Error, Table};
+
+static DEFAULT: LazyLock<Table> = LazyLock::new(Table::new);
+
+/// Creates table `volcano_fences` if it is missing (idempotent, and safe
+/// to run from several processes at once).
+pub async fn migrate(pool: &PgPool) -> Result<(), Error> {
+    migrate_in(pool, &DEFAULT).await
+}
+
+/// [`migrate`] for a chosen [`Table`] (a schema of your choice).
+pub async fn migrate_in(pool: &PgPool, table: &Table) -> Result<(), Error> {
+    let mut conn = pool.acquire().await.map_err(|e| database(e, table))?;
+    migrate_on(&mut conn, table).await
+}
+
+/// [`migrate_in`] on one connection, which must not be inside a
+/// transaction (the migration is its own).
+pub async fn migrate_on(conn: &mut PgConnection, table: &Table) -> Result<(), Error> {
+    let mut tries = 0;
+    loop {
+        match migrate_once(conn, table).await {
+            Err((err, code)) if tries < MIGRATE_TRIES && raced(code.as_deref()) => {
+                tries += 1;
+                drop(err);
+            }
+            done => return done.map_err(|(err, _)| database(err, table)),
+        }
+    }
+}
+
+async fn migrate_once(
+    conn: &mut PgConnection,
+    table: &Table,
+) -> Result<(), (::sqlx::Error, Option<String>)> {
+    let failed = |e: ::sqlx::Error| {
+        let code = sqlstate(&e);
+        (e, code)
+    };
+    let mut tx = ::sqlx::Connection::begin(conn).await.map_err(failed)?;
+    for statement in table.migrate_statements() {
+        ::sqlx::query(&statement)
+            .execute(&mut *tx)
+            .await
+            .map_err(failed)?;
+    }
+    tx.commit().await.map_err(failed)
+}
+
+fn sqlstate(err: &::sqlx::Error) -> Option<String> {
+    err.as_database_error()
+        .and_then(|e| e.code())
+        .map(|c| c.into_owned())
+}
+
+/// Inside the caller's transaction (`&mut *tx`): records `fence` for
+/// `resource` unless a higher fence was seen, and holds the resource's row
+/// lock until the transaction ends. A lower fence is [`Error::is_stale`]
+/// and records nothing; roll the transaction back. One round trip when the
+/// fence passes (the statement is prepared once per connection).
+pub async fn check(conn: &mut PgConnection, resource: &str, fence: i64) -> Result<(), Error> {
+    check_in(conn, &DEFAULT, resource, fence).await
+}
+
+/// [`check`] against a chosen [`Table`].
+pub async fn check_in(
+    conn: &mut PgConnection,
+    table: &Table,
+    resource: &str,
+    fence: i64,
+) -> Result<(), Error> {
+    check_resource(resource)?;
+    let recorded: Option<i64> = ::sqlx::query_scalar(table.check_statement())
+        .bind(resource)
+        .bind(fence)
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(|e| database(e, table))?;
+    if recorded.is_some() {
+        return Ok(());
+    }
+    let highest: Option<i64> = ::sqlx::query_scalar(table.highest_sql())
+        .bind(resource)
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(|e| database(e, table))?;
+    // The refused statement locked the row, so it is there.
+    Err(Error::stale(resource, fence, highest.unwrap_or(i64::MAX)))
+}
+
+fn database(err: ::sqlx::Error, table: &Table) -> Error {
+    let code = sqlstate(&err);
+    Error::from_database(code.as_deref(), table.name(), "sqlx", Box::new(err))
+}

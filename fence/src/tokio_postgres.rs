@@ -1,0 +1,91 @@
+//! The fence in PostgreSQL through tokio-postgres (feature
+//! `tokio-postgres`).
+//!
+//! ```no_run
+//! # async fn demo(mut client: tokio_postgres::Client, fence: i64) -> Result<(), Box<dyn std::error::Error>> {
+//! volcano_fence::tokio_postgres::migrate(&client).await?;
+//! let tx = client.transaction().await?;
+//! volcano_fence::tokio_postgres::check(&tx, "nightly-report", fence).await?;
+//! tx.execute("UPDATE reports SET body = 'done' WHERE name = 'nightly'", &[]).await?;
+//! tx.commit().await?;
+//! # Ok(()) }
+//! ```
+
+use std::sync::LazyLock;
+
+use ::tokio_postgres::types::Type;
+use ::tokio_postgres::{Client, Transaction};
+
+use crate::error::check_resource;
+use crate::table::{raced, MIGRATE_TRIES};
+use crate::{Error, Table};
+
+static DEFAULT: LazyLock<Table> = LazyLock::new(Table::new);
+
+/// Creates table `volcano_fences` if it is missing (idempotent, and safe
+/// to run from several processes at once).
+pub async fn migrate(client: &Client) -> Result<(), Error> {
+    migrate_in(client, &DEFAULT).await
+}
+
+/// [`migrate`] for a chosen [`Table`] (a schema of your choice).
+pub async fn migrate_in(client: &Client, table: &Table) -> Result<(), Error> {
+    let statements = table.migrate_statements().join(";\n");
+    let batch = format!("BEGIN;\n{statements};\nCOMMIT");
+    let mut tries = 0;
+    loop {
+        match client.batch_execute(&batch).await {
+            Err(err) if tries < MIGRATE_TRIES && raced(err.code().map(|c| c.code())) => {
+                // The failed batch left its transaction aborted.
+                let _ = client.batch_execute("ROLLBACK").await;
+                tries += 1;
+            }
+            done => return done.map_err(|e| database(e, table)),
+        }
+    }
+}
+
+/// Inside the caller's transaction: records `fence` for `resource` unless
+/// a higher fence was seen, and holds the resource's row lock until the
+/// transaction ends. A lower fence is [`Error::is_stale`] and records
+/// nothing; roll the transaction back. One round trip when the fence
+/// passes (parameters typed up front: no separate prepare).
+pub async fn check(tx: &Transaction<'_>, resource: &str, fence: i64) -> Result<(), Error> {
+    check_in(tx, &DEFAULT, resource, fence).await
+}
+
+/// [`check`] against a chosen [`Table`].
+pub async fn check_in(
+    tx: &Transaction<'_>,
+    table: &Table,
+    resource: &str,
+    fence: i64,
+) -> Result<(), Error> {
+    check_resource(resource)?;
+    let recorded = tx
+        .query_typed(
+            table.check_statement(),
+            &[(&resource, Type::TEXT), (&fence, Type::INT8)],
+        )
+        .await
+        .map_err(|e| database(e, table))?;
+    if !recorded.is_empty() {
+        return Ok(());
+    }
+    let highest = tx
+        .query_typed(table.highest_sql(), &[(&resource, Type::TEXT)])
+        .await
+        .map_err(|e| database(e, table))?;
+    let highest = highest.first().map_or(i64::MAX, |row| row.get(0));
+    Err(Error::stale(resource, fence, highest))
+}
+
+fn database(err: ::tokio_postgres::Error, table: &Table) -> Error {
+    let code = err.code().map(|c| c.code().to_owned());
+    Error::from_database(
+        code.as_deref(),
+        table.name(),
+        "tokio_postgres",
+        Box::new(err),
+    )
+}

@@ -1,0 +1,310 @@
+//! The fence against a real PostgreSQL server: `VOLCANO_TEST_PG_URL`, or a
+//! throwaway cluster the tests start themselves (see
+//! `volcano_fence::testing`). Each test works in its own schema.
+
+#![cfg(all(feature = "sqlx", feature = "tokio-postgres", feature = "testing"))]
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rand::{Rng, SeedableRng};
+use sqlx::postgres::PgPoolOptions;
+use sqlx::{Executor, PgPool, Row};
+use volcano_fence::testing::Postgres;
+use volcano_fence::{sqlx as fence, Table};
+
+/// A pool on the test server, and a fresh schema `name` with the fence
+/// table migrated into it (unless `migrated` is false).
+async fn setup(name: &str, migrated: bool) -> Option<(PgPool, Table)> {
+    let pg = Postgres::or_skip(name)?;
+    let pool = PgPoolOptions::new()
+        .max_connections(12)
+        .connect(pg.url())
+        .await
+        .expect("connect to the test PostgreSQL");
+    pool.execute(format!("DROP SCHEMA IF EXISTS \"{name}\" CASCADE").as_str())
+        .await
+        .unwrap();
+    let table = Table::in_schema(name).unwrap();
+    if migrated {
+        fence::migrate_in(&pool, &table).await.unwrap();
+    }
+    Some((pool, table))
+}
+
+/// One transaction: check `fence` on `resource`, then commit.
+async fn checked(
+    pool: &PgPool,
+    table: &Table,
+    resource: &str,
+    fence: i64,
+) -> Result<(), volcano_fence::Error> {
+    let mut tx = pool.begin().await.unwrap();
+    let result = fence::check_in(&mut tx, table, resource, fence).await;
+    match result {
+        Ok(()) => tx.commit().await.unwrap(),
+        Err(_) => tx.rollback().await.unwrap(),
+    }
+    result
+}
+
+async fn recorded(pool: &PgPool, table: &Table, resource: &str) -> Option<i64> {
+    sqlx::query_scalar(&format!(
+        "SELECT fence FROM {} WHERE resource = $1",
+        table.name()
+    ))
+    .bind(resource)
+    .fetch_optional(pool)
+    .await
+    .unwrap()
+}
+
+#[tokio::test]
+async fn equal_passes_lower_is_stale_and_leaves_nothing() {
+    let Some((pool, table)) = setup("fence_rule", true).await else {
+        return;
+    };
+    checked(&pool, &table, "report", 5).await.unwrap();
+    checked(&pool, &table, "report", 5).await.unwrap();
+    let stale = checked(&pool, &table, "report", 4).await.unwrap_err();
+    assert!(stale.is_stale() && !stale.is_retryable(), "{stale}");
+    assert_eq!(stale.highest_seen(), Some(5));
+    assert_eq!(recorded(&pool, &table, "report").await, Some(5));
+    // A refused first check of a resource leaves no row either.
+    checked(&pool, &table, "fresh", 9).await.unwrap();
+    // The extremes of i64, compared exactly.
+    checked(&pool, &table, "max", i64::MAX).await.unwrap();
+    let err = checked(&pool, &table, "max", i64::MAX - 1)
+        .await
+        .unwrap_err();
+    assert_eq!(err.highest_seen(), Some(i64::MAX));
+    checked(&pool, &table, "min", i64::MIN).await.unwrap();
+    checked(&pool, &table, "min", i64::MIN + 1).await.unwrap();
+    // The write a refused check guarded never happens: the caller's whole
+    // transaction rolls back.
+    pool.execute("CREATE TABLE \"fence_rule\".reports (body text)")
+        .await
+        .unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    let refused = fence::check_in(&mut tx, &table, "report", 3).await;
+    assert!(refused.unwrap_err().is_stale());
+    drop(tx); // rolled back
+    let rows: i64 = sqlx::query_scalar("SELECT count(*) FROM \"fence_rule\".reports")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, 0);
+}
+
+#[tokio::test]
+async fn migrate_twice_and_at_once_and_check_before_it() {
+    let Some((pool, table)) = setup("fence_migrate", false).await else {
+        return;
+    };
+    let err = checked(&pool, &table, "r", 1).await.unwrap_err();
+    assert!(err.is_not_migrated(), "{err}");
+    let text = err.to_string();
+    assert!(
+        text.contains("run volcano_fence::sqlx::migrate first"),
+        "{text}"
+    );
+    assert!(text.contains("\"fence_migrate\".volcano_fences"), "{text}");
+    let at_once: Vec<_> = (0..4)
+        .map(|_| {
+            let (pool, table) = (pool.clone(), table.clone());
+            tokio::spawn(async move { fence::migrate_in(&pool, &table).await })
+        })
+        .collect();
+    for migrate in at_once {
+        migrate.await.unwrap().unwrap();
+    }
+    fence::migrate_in(&pool, &table).await.unwrap();
+    checked(&pool, &table, "r", 1).await.unwrap();
+    // The default table follows the search_path.
+    let mut conn = pool.acquire().await.unwrap();
+    conn.execute("SET search_path TO fence_migrate")
+        .await
+        .unwrap();
+    fence::migrate_on(&mut conn, &Table::new()).await.unwrap();
+    let mut tx = sqlx::Acquire::begin(&mut *conn).await.unwrap();
+    assert_eq!(
+        fence::check(&mut tx, "r", 0)
+            .await
+            .unwrap_err()
+            .highest_seen(),
+        Some(1)
+    );
+}
+
+#[tokio::test]
+async fn resource_names_are_data() {
+    let Some((pool, table)) = setup("fence_names", true).await else {
+        return;
+    };
+    let names = [
+        "'); DROP TABLE fence_names.volcano_fences; --".to_owned(),
+        "\" OR 1=1 --".to_owned(),
+        "$1".to_owned(),
+        "nightly report ✓ 夜間レポート 🌋".to_owned(),
+        "a\\b\nc".to_owned(),
+        "é".repeat(1024),
+    ];
+    for (i, name) in names.iter().enumerate() {
+        checked(&pool, &table, name, i as i64).await.unwrap();
+    }
+    for (i, name) in names.iter().enumerate() {
+        assert_eq!(
+            recorded(&pool, &table, name).await,
+            Some(i as i64),
+            "{name:?}"
+        );
+        assert!(checked(&pool, &table, name, -1)
+            .await
+            .unwrap_err()
+            .is_stale());
+    }
+    let rows: i64 = sqlx::query_scalar(&format!("SELECT count(*) FROM {}", table.name()))
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(rows, names.len() as i64);
+    for bad in ["", "nul\0inside"] {
+        let err = checked(&pool, &table, bad, 1).await.unwrap_err();
+        assert!(
+            !err.is_stale() && err.to_string().contains("invalid fence resource"),
+            "{err}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn racing_writers_commit_in_fence_order() {
+    let Some((pool, table)) = setup("fence_race", true).await else {
+        return;
+    };
+    pool.execute(
+        "CREATE TABLE fence_race.writes (id bigserial PRIMARY KEY, fence bigint NOT NULL)",
+    )
+    .await
+    .unwrap();
+    let seed: u64 = rand::random();
+    eprintln!("racing_writers seed {seed}");
+    let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
+    let pool = Arc::new(pool);
+    let mut writers = Vec::new();
+    for _ in 0..24 {
+        let (pool, table) = (pool.clone(), table.clone());
+        let fences: Vec<i64> = (0..10).map(|_| rng.random_range(0..40)).collect();
+        writers.push(tokio::spawn(async move {
+            let mut refused = 0;
+            for fence in fences {
+                let mut tx = pool.begin().await.unwrap();
+                match fence::check_in(&mut tx, &table, "ledger", fence).await {
+                    Ok(()) => {
+                        // Some time inside the lock, so that writers queue.
+                        tokio::time::sleep(Duration::from_millis(1)).await;
+                        sqlx::query("INSERT INTO fence_race.writes (fence) VALUES ($1)")
+                            .bind(fence)
+                            .execute(&mut *tx)
+                            .await
+                            .unwrap();
+                        tx.commit().await.unwrap();
+                    }
+                    Err(err) => {
+                        assert!(err.is_stale(), "{err}");
+                        assert!(err.highest_seen().unwrap() > fence);
+                        refused += 1;
+                    }
+                }
+            }
+            refused
+        }));
+    }
+    let mut refused = 0;
+    for writer in writers {
+        refused += writer.await.unwrap();
+    }
+    let rows = sqlx::query("SELECT fence FROM fence_race.writes ORDER BY id")
+        .fetch_all(&*pool)
+        .await
+        .unwrap();
+    let committed: Vec<i64> = rows.iter().map(|r| r.get(0)).collect();
+    assert!(
+        committed.windows(2).all(|w| w[0] <= w[1]),
+        "committed out of fence order: {committed:?}"
+    );
+    assert!(refused > 0, "no write was refused: the race tested nothing");
+    assert_eq!(committed.len() + refused, 240);
+    assert_eq!(
+        recorded(&pool, &table, "ledger").await,
+        committed.last().copied()
+    );
+}
+
+#[tokio::test]
+async fn a_serialization_failure_is_retryable_not_stale() {
+    let Some((pool, table)) = setup("fence_isolation", true).await else {
+        return;
+    };
+    checked(&pool, &table, "r", 1).await.unwrap();
+    for level in ["REPEATABLE READ", "SERIALIZABLE"] {
+        let mut slow = pool.begin().await.unwrap();
+        slow.execute(format!("SET TRANSACTION ISOLATION LEVEL {level}").as_str())
+            .await
+            .unwrap();
+        // Its snapshot is taken here, before the other writer commits.
+        sqlx::query("SELECT 1").execute(&mut *slow).await.unwrap();
+        let top = recorded(&pool, &table, "r").await.unwrap();
+        checked(&pool, &table, "r", top + 1).await.unwrap();
+        let err = fence::check_in(&mut slow, &table, "r", top + 2)
+            .await
+            .unwrap_err();
+        assert!(err.is_retryable() && !err.is_stale(), "{level}: {err}");
+        assert!(err.to_string().contains("retry the transaction"), "{err}");
+        slow.rollback().await.unwrap();
+        // Retried, it passes.
+        checked(&pool, &table, "r", top + 2).await.unwrap();
+    }
+}
+
+#[tokio::test]
+async fn the_same_through_tokio_postgres() {
+    let Some(pg) = Postgres::or_skip("the_same_through_tokio_postgres") else {
+        return;
+    };
+    let (mut client, connection) = tokio_postgres::connect(pg.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+        .batch_execute("DROP SCHEMA IF EXISTS fence_tp CASCADE")
+        .await
+        .unwrap();
+    let table = Table::in_schema("fence_tp").unwrap();
+    let tx = client.transaction().await.unwrap();
+    let err = volcano_fence::tokio_postgres::check_in(&tx, &table, "r", 1)
+        .await
+        .unwrap_err();
+    assert!(err
+        .to_string()
+        .contains("run volcano_fence::tokio_postgres::migrate first"));
+    drop(tx);
+    volcano_fence::tokio_postgres::migrate_in(&client, &table)
+        .await
+        .unwrap();
+    volcano_fence::tokio_postgres::migrate_in(&client, &table)
+        .await
+        .unwrap();
+    for (fence, passes) in [(3, true), (3, true), (2, false), (i64::MAX, true)] {
+        let tx = client.transaction().await.unwrap();
+        let result =
+            volcano_fence::tokio_postgres::check_in(&tx, &table, "'; DROP TABLE x; --", fence)
+                .await;
+        assert_eq!(result.is_ok(), passes, "{fence}: {result:?}");
+        if let Err(err) = result {
+            assert!(err.is_stale());
+            assert_eq!(err.highest_seen(), Some(3));
+        }
+        tx.commit().await.unwrap();
+    }
+}
