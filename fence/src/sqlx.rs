@@ -88,6 +88,15 @@ pub async fn check_in(
     fence: i64,
 ) -> Result<(), Error> {
     check_resource(resource)?;
+    let updated: Option<i64> = ::sqlx::query_scalar(table.update_statement())
+        .bind(resource)
+        .bind(fence)
+        .fetch_optional(&mut *conn)
+        .await
+        .map_err(|e| database(e, table))?;
+    if updated.is_some() {
+        return Ok(());
+    }
     let recorded: Option<i64> = ::sqlx::query_scalar(table.check_statement())
         .bind(resource)
         .bind(fence)

@@ -15,7 +15,8 @@ use crate::error::Error;
 pub struct Table {
     schema: Option<String>,
     name: String,
-    /// The two statements a check may send, made once.
+    /// The statements a check may send, made once.
+    update: String,
     check: String,
     highest: String,
 }
@@ -75,6 +76,10 @@ impl Table {
 
     fn named(schema: Option<String>, name: String) -> Self {
         Table {
+            update: format!(
+                "UPDATE {name} SET fence = $2, updated_at = now() \
+                 WHERE resource = $1 AND fence <= $2 RETURNING fence"
+            ),
             check: Table::check_sql(&name),
             highest: format!("SELECT fence FROM {name} WHERE resource = $1"),
             schema,
@@ -133,6 +138,16 @@ impl Table {
     /// See [`Table::check_sql`].
     pub(crate) fn check_statement(&self) -> &str {
         &self.check
+    }
+
+    /// The common case, tried first: the resource's row exists and its
+    /// fence is not higher. An `UPDATE` by primary key is the cheapest
+    /// statement that records the fence and takes the row lock; it waits
+    /// for a concurrent writer of the row and then looks again at the row
+    /// that writer left. When it finds no row to update (a new resource,
+    /// or a higher fence), [`Table::check_statement`] decides.
+    pub(crate) fn update_statement(&self) -> &str {
+        &self.update
     }
 }
 

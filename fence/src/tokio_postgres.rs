@@ -14,7 +14,7 @@
 use std::sync::LazyLock;
 
 use ::tokio_postgres::types::Type;
-use ::tokio_postgres::{Client, Transaction};
+use ::tokio_postgres::{Client, Statement, Transaction};
 
 use crate::error::check_resource;
 use crate::table::{raced, MIGRATE_TRIES};
@@ -62,6 +62,16 @@ pub async fn check_in(
     fence: i64,
 ) -> Result<(), Error> {
     check_resource(resource)?;
+    let updated = tx
+        .query_typed(
+            table.update_statement(),
+            &[(&resource, Type::TEXT), (&fence, Type::INT8)],
+        )
+        .await
+        .map_err(|e| database(e, table))?;
+    if !updated.is_empty() {
+        return Ok(());
+    }
     let recorded = tx
         .query_typed(
             table.check_statement(),
@@ -78,6 +88,86 @@ pub async fn check_in(
         .map_err(|e| database(e, table))?;
     let highest = highest.first().map_or(i64::MAX, |row| row.get(0));
     Err(Error::stale(resource, fence, highest))
+}
+
+/// The check with its statements prepared once on a connection: the same
+/// rule as [`check_in`], without the server parsing and planning the
+/// statement on every call (about half the check's cost). Use it with
+/// transactions of the client it was prepared on.
+///
+/// ```no_run
+/// # async fn demo(mut client: tokio_postgres::Client, fence: i64) -> Result<(), Box<dyn std::error::Error>> {
+/// use volcano_fence::{tokio_postgres::Fences, Table};
+/// let fences = Fences::prepare(&client, &Table::new()).await?;
+/// let tx = client.transaction().await?;
+/// fences.check(&tx, "nightly-report", fence).await?;
+/// // ... the transaction's writes ...
+/// tx.commit().await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug)]
+pub struct Fences {
+    table: Table,
+    update: Statement,
+    insert: Statement,
+    highest: Statement,
+}
+
+impl Fences {
+    /// Prepares the check's statements on `client`; the table must have
+    /// been migrated (else [`Error::is_not_migrated`]).
+    pub async fn prepare(client: &Client, table: &Table) -> Result<Fences, Error> {
+        let failed = |e| database(e, table);
+        let typed = [Type::TEXT, Type::INT8];
+        Ok(Fences {
+            update: client
+                .prepare_typed(table.update_statement(), &typed)
+                .await
+                .map_err(failed)?,
+            insert: client
+                .prepare_typed(table.check_statement(), &typed)
+                .await
+                .map_err(failed)?,
+            highest: client
+                .prepare_typed(table.highest_sql(), &[Type::TEXT])
+                .await
+                .map_err(failed)?,
+            table: table.clone(),
+        })
+    }
+
+    /// [`check_in`] with the prepared statements.
+    pub async fn check(
+        &self,
+        tx: &Transaction<'_>,
+        resource: &str,
+        fence: i64,
+    ) -> Result<(), Error> {
+        check_resource(resource)?;
+        let failed = |e| database(e, &self.table);
+        if !tx
+            .query(&self.update, &[&resource, &fence])
+            .await
+            .map_err(failed)?
+            .is_empty()
+        {
+            return Ok(());
+        }
+        if !tx
+            .query(&self.insert, &[&resource, &fence])
+            .await
+            .map_err(failed)?
+            .is_empty()
+        {
+            return Ok(());
+        }
+        let highest = tx
+            .query(&self.highest, &[&resource])
+            .await
+            .map_err(failed)?;
+        let highest = highest.first().map_or(i64::MAX, |row| row.get(0));
+        Err(Error::stale(resource, fence, highest))
+    }
 }
 
 fn database(err: ::tokio_postgres::Error, table: &Table) -> Error {

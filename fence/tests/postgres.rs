@@ -289,6 +289,8 @@ async fn the_same_through_tokio_postgres() {
         .to_string()
         .contains("run volcano_fence::tokio_postgres::migrate first"));
     drop(tx);
+    let unprepared = volcano_fence::tokio_postgres::Fences::prepare(&client, &table).await;
+    assert!(unprepared.unwrap_err().is_not_migrated());
     volcano_fence::tokio_postgres::migrate_in(&client, &table)
         .await
         .unwrap();
@@ -307,4 +309,99 @@ async fn the_same_through_tokio_postgres() {
         }
         tx.commit().await.unwrap();
     }
+}
+
+#[tokio::test]
+async fn prepared_fences_keep_the_same_rule() {
+    let Some(pg) = Postgres::or_skip("prepared_fences_keep_the_same_rule") else {
+        return;
+    };
+    let (mut client, connection) = tokio_postgres::connect(pg.url(), tokio_postgres::NoTls)
+        .await
+        .unwrap();
+    tokio::spawn(connection);
+    client
+        .batch_execute("DROP SCHEMA IF EXISTS fence_prepared CASCADE")
+        .await
+        .unwrap();
+    let table = Table::in_schema("fence_prepared").unwrap();
+    volcano_fence::tokio_postgres::migrate_in(&client, &table)
+        .await
+        .unwrap();
+    let fences = volcano_fence::tokio_postgres::Fences::prepare(&client, &table)
+        .await
+        .unwrap();
+    for (resource, fence, passes) in [
+        ("a", 3, true),
+        ("a", 3, true),
+        ("a", 2, false),
+        ("b", i64::MIN, true),
+        ("a", i64::MAX, true),
+        ("a", 4, false),
+    ] {
+        let tx = client.transaction().await.unwrap();
+        let result = fences.check(&tx, resource, fence).await;
+        assert_eq!(result.is_ok(), passes, "{resource} {fence}: {result:?}");
+        if let Err(err) = &result {
+            assert!(err.is_stale());
+        }
+        tx.commit().await.unwrap();
+    }
+    let tx = client.transaction().await.unwrap();
+    assert!(fences.check(&tx, "", 1).await.is_err());
+}
+
+/// The README's `psql` recipe for `volcano locks run` jobs
+/// (`examples/nightly.sql`), run by psql itself: a current fence writes, a
+/// stale one exits 3 and writes nothing.
+#[tokio::test]
+async fn the_psql_recipe_refuses_a_stale_token() {
+    let Some((pool, _)) = setup("fence_psql", false).await else {
+        return;
+    };
+    if std::process::Command::new("psql")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        assert!(
+            std::env::var("CI").as_deref() != Ok("true"),
+            "psql is required with CI=true"
+        );
+        eprintln!("skipped the_psql_recipe_refuses_a_stale_token: no psql");
+        return;
+    }
+    pool.execute(
+        "CREATE SCHEMA fence_psql; SET search_path TO fence_psql; \
+         CREATE TABLE fence_psql.reports (name text, body text); \
+         INSERT INTO fence_psql.reports VALUES ('nightly', '')",
+    )
+    .await
+    .unwrap();
+    fence::migrate_in(&pool, &Table::in_schema("fence_psql").unwrap())
+        .await
+        .unwrap();
+    let url = Postgres::shared().unwrap().url().to_owned();
+    let script = concat!(env!("CARGO_MANIFEST_DIR"), "/examples/nightly.sql");
+    let run = |fence: i64| {
+        std::process::Command::new("psql")
+            .arg(&url)
+            .args(["-q", "-v", "ON_ERROR_STOP=1", "-v"])
+            .arg(format!("fence={fence}"))
+            .args(["-f", script])
+            .env("PGOPTIONS", "-c search_path=fence_psql")
+            .output()
+            .unwrap()
+    };
+    assert!(run(5).status.success());
+    assert!(run(5).status.success());
+    let stale = run(4);
+    assert_eq!(stale.status.code(), Some(3));
+    assert!(String::from_utf8_lossy(&stale.stderr).contains("stale fencing token"));
+    assert!(run(6).status.success());
+    let body: String = sqlx::query_scalar("SELECT body FROM fence_psql.reports")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(body, "done by 6");
 }
