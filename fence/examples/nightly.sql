@@ -5,14 +5,14 @@
 BEGIN;
 WITH checked AS (
   INSERT INTO volcano_fences AS f (resource, fence, updated_at)
-  VALUES ('nightly-report', :fence, now())
+  VALUES ('nightly-report', :'fence'::bigint, now())
   ON CONFLICT (resource) DO UPDATE SET fence = EXCLUDED.fence, updated_at = now()
   WHERE f.fence <= EXCLUDED.fence
   RETURNING 1
 )
 SELECT count(*) AS fence_ok FROM checked \gset
 \if :fence_ok
-  UPDATE reports SET body = 'done by ' || :fence WHERE name = 'nightly';  -- the job's writes
+  UPDATE reports SET body = 'done by ' || :'fence' WHERE name = 'nightly';  -- the job's writes
   COMMIT;
 \else
   ROLLBACK;

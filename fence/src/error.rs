@@ -9,10 +9,14 @@ type Source = Box<dyn std::error::Error + Send + Sync + 'static>;
 ///
 /// [`Error::is_stale`] is the answer the fence exists for: a higher fence
 /// was already seen, so the caller's lease has changed hands and its write
-/// must not happen. [`Error::is_retryable`] is a database's serialization
-/// failure or deadlock: retry the whole transaction, the fence may well be
-/// current. A PostgreSQL error of either kind aborts the caller's
-/// transaction: roll it back.
+/// must not happen. In PostgreSQL a stale check also aborts the caller's
+/// transaction on the server, so even a caller that ignores the error
+/// cannot commit the write: `COMMIT` rolls back. [`Error::is_retryable`]
+/// is a serialization failure, a deadlock or a lock timeout: roll back and
+/// run the whole transaction again (under REPEATABLE READ a fence that a
+/// concurrent writer has just overtaken shows up this way first, and as
+/// stale on the retry). Every PostgreSQL error leaves the transaction
+/// aborted: roll it back.
 pub struct Error {
     kind: Kind,
 }
@@ -29,6 +33,11 @@ enum Kind {
     },
     InvalidResource(&'static str),
     InvalidSchema(&'static str),
+    /// `check` on a connection outside a transaction: nothing would hold
+    /// the row lock until the write. (tokio-postgres's `&Transaction`
+    /// rules it out by type.)
+    #[cfg_attr(not(feature = "sqlx"), allow(dead_code))]
+    NotInTransaction,
     NotMigrated {
         table: String,
         backend: &'static str,
@@ -61,7 +70,14 @@ impl Error {
         }
     }
 
-    /// A driver's error, sorted by its SQLSTATE.
+    #[cfg(feature = "sqlx")]
+    pub(crate) fn not_in_transaction() -> Self {
+        Error {
+            kind: Kind::NotInTransaction,
+        }
+    }
+
+    /// A driver's error during a check, sorted by its SQLSTATE.
     #[cfg(any(feature = "sqlx", feature = "tokio-postgres"))]
     pub(crate) fn from_database(
         code: Option<&str>,
@@ -76,11 +92,32 @@ impl Error {
                 backend,
                 source,
             },
-            // serialization_failure, deadlock_detected
-            Some("40001" | "40P01") => Kind::Retryable(source),
+            // serialization_failure, deadlock_detected, lock_not_available
+            Some("40001" | "40P01" | "55P03") => Kind::Retryable(source),
             _ => Kind::Database(source),
         };
         Error { kind }
+    }
+
+    /// A driver's error during `migrate`: never "run migrate first".
+    #[cfg(any(feature = "sqlx", feature = "tokio-postgres"))]
+    pub(crate) fn migrating(source: Source) -> Self {
+        Error {
+            kind: Kind::Database(source),
+        }
+    }
+
+    /// A refused check whose row was gone when read back (it cannot be,
+    /// with the row lock held, unless a savepoint was rolled back).
+    #[cfg(any(feature = "sqlx", feature = "tokio-postgres"))]
+    pub(crate) fn vanished(resource: &str) -> Self {
+        let what = format!(
+            "the fence row of {resource:?} was refused and then not found: was the check \
+             inside a savepoint that was rolled back?"
+        );
+        Error {
+            kind: Kind::Database(what.into()),
+        }
     }
 
     /// True exactly when a higher fence was already seen for the resource:
@@ -97,9 +134,11 @@ impl Error {
         }
     }
 
-    /// True for a serialization failure or a deadlock (under REPEATABLE
-    /// READ or SERIALIZABLE, or between writers of several resources):
-    /// roll back and run the whole transaction again.
+    /// True for a serialization failure, a deadlock or a lock timeout
+    /// during the check (under REPEATABLE READ or SERIALIZABLE, or between
+    /// writers of several resources): roll back and run the whole
+    /// transaction again. A serialization failure at `COMMIT` comes from
+    /// your driver, not from here: treat it the same way.
     pub fn is_retryable(&self) -> bool {
         matches!(self.kind, Kind::Retryable(_))
     }
@@ -125,15 +164,20 @@ impl fmt::Display for Error {
             ),
             Kind::InvalidResource(why) => write!(f, "invalid fence resource name: {why}"),
             Kind::InvalidSchema(why) => write!(f, "invalid fence schema name: {why}"),
+            Kind::NotInTransaction => f.write_str(
+                "the fence check needs a transaction (pool.begin()): outside one, nothing holds \
+                 the resource's row lock until the write",
+            ),
             Kind::NotMigrated { table, backend, .. } => write!(
                 f,
                 "the fence table {table} does not exist: run \
-                 volcano_fence::{backend}::migrate first (it is idempotent)"
+                 volcano_fence::{backend}::migrate (migrate_in for a chosen schema) first; it is \
+                 idempotent"
             ),
             Kind::Retryable(source) => write!(
                 f,
-                "the fence check hit a serialization failure or deadlock; roll back and retry \
-                 the transaction: {source}"
+                "the fence check hit a serialization failure, deadlock or lock timeout; roll \
+                 back and retry the transaction: {source}"
             ),
             Kind::Database(source) => write!(f, "the fence check failed in the database: {source}"),
         }
@@ -142,8 +186,18 @@ impl fmt::Display for Error {
 
 impl fmt::Debug for Error {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // The Display text, which says what happened and what to do.
-        write!(f, "volcano_fence::Error({self})")
+        let kind = match &self.kind {
+            Kind::Stale { .. } => "Stale",
+            Kind::InvalidResource(_) => "InvalidResource",
+            Kind::InvalidSchema(_) => "InvalidSchema",
+            Kind::NotInTransaction => "NotInTransaction",
+            Kind::NotMigrated { .. } => "NotMigrated",
+            Kind::Retryable(_) => "Retryable",
+            Kind::Database(_) => "Database",
+        };
+        // The Display text says what happened and what to do; the source
+        // (a driver's error) is in it where there is one.
+        write!(f, "volcano_fence::Error::{kind}({self})")
     }
 }
 

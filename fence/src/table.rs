@@ -69,6 +69,11 @@ impl Table {
         if schema.contains('\0') {
             return Err(Error::invalid_schema("it contains a NUL character"));
         }
+        if schema.starts_with("pg_") {
+            return Err(Error::invalid_schema(
+                "names starting with pg_ are reserved for PostgreSQL's own schemas",
+            ));
+        }
         let quoted = format!("\"{}\"", schema.replace('"', "\"\""));
         let name = format!("{quoted}.volcano_fences");
         Ok(Table::named(Some(quoted), name))
@@ -91,6 +96,19 @@ impl Table {
     pub fn name(&self) -> &str {
         &self.name
     }
+
+    /// Whether the table exists already (`$1` is [`Table::name`]): then
+    /// `migrate` runs no DDL, so a role without CREATE privileges can run
+    /// it at every start.
+    #[cfg(any(feature = "sqlx", feature = "tokio-postgres"))]
+    pub(crate) const EXISTS_SQL: &'static str = "SELECT to_regclass($1) IS NOT NULL";
+
+    /// Makes a refused check abort the caller's transaction on the server,
+    /// so that a caller who ignores the error cannot commit the write.
+    #[cfg(any(feature = "sqlx", feature = "tokio-postgres"))]
+    pub(crate) const POISON_SQL: &'static str = "DO $$ BEGIN RAISE EXCEPTION \
+        'volcano_fence: a stale fencing token was refused; this transaction cannot commit' \
+        USING ERRCODE = 'P0001'; END $$";
 
     #[cfg(any(feature = "sqlx", feature = "tokio-postgres"))]
     /// The migration's statements, to run in one transaction: the
@@ -140,6 +158,7 @@ impl Table {
         &self.check
     }
 
+    #[cfg(any(feature = "sqlx", feature = "tokio-postgres"))]
     /// The common case, tried first: the resource's row exists and its
     /// fence is not higher. An `UPDATE` by primary key is the cheapest
     /// statement that records the fence and takes the row lock; it waits
@@ -172,5 +191,6 @@ mod tests {
         assert!(Table::in_schema("").is_err());
         assert!(Table::in_schema(&"s".repeat(64)).is_err());
         assert!(Table::in_schema("a\0").is_err());
+        assert!(Table::in_schema("pg_fences").is_err());
     }
 }

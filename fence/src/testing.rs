@@ -7,19 +7,18 @@
 //! let Some(pg) = volcano_fence::testing::Postgres::or_skip("my_test") else {
 //!     return; // said why on stderr; with CI=true it panics instead
 //! };
-//! let url = pg.url(); // postgres://postgres@127.0.0.1:PORT/postgres
+//! let url = pg.url(); // postgres://postgres@%2Ftmp%2Fvolcano-pg-…/postgres
 //! # let _ = url;
 //! ```
 //!
 //! The cluster: `initdb` into a temporary folder (as the `postgres` user
-//! when running as root), trust authentication on loopback only, a free
-//! port, fsync off. One per test process, shared by its tests: give each
+//! when running as root), reachable only through a Unix socket in that
+//! folder (trust authentication, no TCP), fsync off. One per test process, shared by its tests: give each
 //! test its own schema or its own resource names. A watchdog process stops
 //! it and removes the folder once the test process has exited, however it
 //! exited.
 
 use std::fmt;
-use std::net::TcpListener;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
@@ -96,15 +95,24 @@ fn bin_dir() -> Result<PathBuf, Unavailable> {
             return Ok(dir);
         }
     }
-    let mut versions: Vec<PathBuf> = std::fs::read_dir("/usr/lib/postgresql")
+    // The newest major version (compared as numbers: 17 after 9.6).
+    let mut versions: Vec<(Vec<u32>, PathBuf)> = std::fs::read_dir("/usr/lib/postgresql")
         .into_iter()
         .flatten()
         .flatten()
-        .map(|e| e.path().join("bin"))
-        .filter(|bin| bin.join("initdb").exists())
+        .filter_map(|e| {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let version = name
+                .split('.')
+                .map(str::parse)
+                .collect::<Result<Vec<u32>, _>>()
+                .ok()?;
+            Some((version, e.path().join("bin")))
+        })
+        .filter(|(_, bin)| bin.join("initdb").exists())
         .collect();
     versions.sort();
-    if let Some(dir) = versions.pop() {
+    if let Some((_, dir)) = versions.pop() {
         return Ok(dir);
     }
     let on_path = std::env::var_os("PATH")
@@ -151,11 +159,31 @@ fn run(mut cmd: Command, what: &str) -> Result<(), Unavailable> {
     )))
 }
 
-fn free_port() -> Result<u16, Unavailable> {
-    TcpListener::bind(("127.0.0.1", 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .map_err(|e| unavailable(format!("no free loopback port: {e}")))
+/// The cluster's settings: fast and throwaway (no fsync), reachable only
+/// through a Unix socket in its own folder (no TCP port to race for, and
+/// nobody else on the machine can connect).
+fn settings(dir: &Path) -> String {
+    let socket_dir = dir.display().to_string().replace('\'', "''");
+    format!(
+        "\n# volcano_fence::testing\nfsync = off\nfull_page_writes = off\n\
+         synchronous_commit = off\nlisten_addresses = ''\n\
+         unix_socket_directories = '{socket_dir}'\nmax_connections = 200\n"
+    )
+}
+
+/// A URL that reaches the cluster's socket in `dir`: the folder as the
+/// host, percent-encoded (as libpq, sqlx and tokio-postgres read it).
+fn socket_url(dir: &Path) -> String {
+    let mut host = String::new();
+    for byte in dir.display().to_string().bytes() {
+        match byte {
+            b'A'..=b'Z' | b'a'..=b'z' | b'0'..=b'9' | b'-' | b'_' | b'.' => {
+                host.push(char::from(byte));
+            }
+            other => host.push_str(&format!("%{other:02X}")),
+        }
+    }
+    format!("postgres://postgres@{host}/postgres")
 }
 
 fn start_cluster() -> Result<Postgres, Unavailable> {
@@ -167,6 +195,8 @@ fn start_cluster() -> Result<Postgres, Unavailable> {
         .map_err(|e| unavailable(format!("no temporary folder: {e}")))?
         .keep();
     let data = dir.join("data");
+    // First, so that the folder goes away whatever fails next.
+    watch(&dir, &data, &bin.join("pg_ctl"), root);
     if root {
         let mut chown = Command::new("chown");
         chown.arg("postgres:").arg(&dir);
@@ -183,41 +213,61 @@ fn start_cluster() -> Result<Postgres, Unavailable> {
         "--locale=C",
     ]);
     run(initdb, "initdb")?;
-    let port = free_port()?;
-    let options = format!(
-        "-F -c fsync=off -c full_page_writes=off -c synchronous_commit=off \
-         -c listen_addresses=127.0.0.1 -p {port} -k {} -c max_connections=200",
-        dir.display()
-    );
+    let conf = data.join("postgresql.conf");
+    std::fs::OpenOptions::new()
+        .append(true)
+        .open(&conf)
+        .and_then(|mut f| std::io::Write::write_all(&mut f, settings(&dir).as_bytes()))
+        .map_err(|e| unavailable(format!("could not write {}: {e}", conf.display())))?;
     let mut pg_ctl = as_server_user(&bin.join("pg_ctl"), root);
     pg_ctl
         .arg("-D")
         .arg(&data)
         .arg("-l")
         .arg(dir.join("log"))
-        .args(["-w", "-t", "60", "-o", &options, "start"]);
+        .args(["-w", "-t", "60", "start"]);
     run(pg_ctl, "pg_ctl start")?;
-    watch(&dir, &data);
     Ok(Postgres {
-        url: format!("postgres://postgres@127.0.0.1:{port}/postgres"),
+        url: socket_url(&dir),
     })
 }
 
-/// Starts the watchdog: once this process has exited, it stops the
-/// cluster (immediate shutdown of the postmaster) and removes its folder.
-fn watch(dir: &Path, data: &Path) {
-    let script = format!(
-        "while kill -0 {pid} 2>/dev/null; do sleep 0.5; done; \
-         kill -QUIT \"$(head -n 1 '{pidfile}')\" 2>/dev/null; sleep 1; rm -rf '{dir}'",
-        pid = std::process::id(),
-        pidfile = data.join("postmaster.pid").display(),
-        dir = dir.display()
-    );
-    // Not waited for: it outlives this process by design.
-    let _ = Command::new("sh")
-        .args(["-c", &script])
-        .stdin(Stdio::null())
+/// The watchdog's end of a pipe this process holds open for its whole
+/// life: the watchdog reads EOF once this process has exited, however it
+/// exited.
+static LIFELINE: OnceLock<std::sync::Mutex<Vec<std::process::ChildStdin>>> = OnceLock::new();
+
+/// Starts the watchdog, in its own process group (a Ctrl-C or a signal to
+/// the test's group does not reach it): once this process has exited, it
+/// stops the cluster (immediate shutdown) and removes its folder. Paths
+/// are passed as arguments, never spliced into the script.
+fn watch(dir: &Path, data: &Path, pg_ctl: &Path, root: bool) {
+    use std::os::unix::process::CommandExt as _;
+    const SCRIPT: &str = r#"trap '' INT TERM HUP
+read _ignored
+if [ -f "$2/postmaster.pid" ]; then
+  if [ "$4" = root ]; then runuser -u postgres -- "$3" -D "$2" -m immediate -w stop
+  else "$3" -D "$2" -m immediate -w stop; fi
+fi >/dev/null 2>&1
+rm -rf "$1""#;
+    let child = Command::new("sh")
+        .args(["-c", SCRIPT, "volcano-pg-watchdog"])
+        .arg(dir)
+        .arg(data)
+        .arg(pg_ctl)
+        .arg(if root { "root" } else { "user" })
+        .stdin(Stdio::piped())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
+        .process_group(0)
         .spawn();
+    if let Ok(mut child) = child {
+        if let Some(stdin) = child.stdin.take() {
+            let lifeline = LIFELINE.get_or_init(Default::default);
+            lifeline
+                .lock()
+                .unwrap_or_else(std::sync::PoisonError::into_inner)
+                .push(stdin);
+        }
+    }
 }

@@ -30,26 +30,40 @@ pub async fn migrate(client: &Client) -> Result<(), Error> {
 
 /// [`migrate`] for a chosen [`Table`] (a schema of your choice).
 pub async fn migrate_in(client: &Client, table: &Table) -> Result<(), Error> {
+    let migrating = |e| Error::migrating(Box::new(e));
+    let exists: Option<bool> = client
+        .query_one(Table::EXISTS_SQL, &[&table.name()])
+        .await
+        .map_err(migrating)?
+        .get(0);
+    if exists == Some(true) {
+        // No DDL: a role without CREATE privileges can run it at every start.
+        return Ok(());
+    }
     let statements = table.migrate_statements().join(";\n");
     let batch = format!("BEGIN;\n{statements};\nCOMMIT");
     let mut tries = 0;
     loop {
-        match client.batch_execute(&batch).await {
-            Err(err) if tries < MIGRATE_TRIES && raced(err.code().map(|c| c.code())) => {
-                // The failed batch left its transaction aborted.
-                let _ = client.batch_execute("ROLLBACK").await;
-                tries += 1;
-            }
-            done => return done.map_err(|e| database(e, table)),
+        let result = client.batch_execute(&batch).await;
+        if result.is_err() {
+            // A failed batch leaves its transaction open and aborted.
+            let _ = client.batch_execute("ROLLBACK").await;
+        }
+        match result {
+            Err(err) if tries < MIGRATE_TRIES && raced(err.code().map(|c| c.code())) => tries += 1,
+            done => return done.map_err(migrating),
         }
     }
 }
 
 /// Inside the caller's transaction: records `fence` for `resource` unless
 /// a higher fence was seen, and holds the resource's row lock until the
-/// transaction ends. A lower fence is [`Error::is_stale`] and records
-/// nothing; roll the transaction back. One round trip when the fence
-/// passes (parameters typed up front: no separate prepare).
+/// transaction ends. A lower fence is [`Error::is_stale`]: nothing is
+/// recorded, and the transaction is aborted on the server (its `COMMIT`
+/// rolls back); roll it back. One round trip when the fence passes
+/// (parameters typed up front: no separate prepare). Not inside a
+/// savepoint that may be rolled back: that would undo the check and free
+/// the lock.
 pub async fn check(tx: &Transaction<'_>, resource: &str, fence: i64) -> Result<(), Error> {
     check_in(tx, &DEFAULT, resource, fence).await
 }
@@ -62,32 +76,43 @@ pub async fn check_in(
     fence: i64,
 ) -> Result<(), Error> {
     check_resource(resource)?;
-    let updated = tx
-        .query_typed(
-            table.update_statement(),
-            &[(&resource, Type::TEXT), (&fence, Type::INT8)],
-        )
-        .await
-        .map_err(|e| database(e, table))?;
-    if !updated.is_empty() {
-        return Ok(());
-    }
-    let recorded = tx
-        .query_typed(
-            table.check_statement(),
-            &[(&resource, Type::TEXT), (&fence, Type::INT8)],
-        )
-        .await
-        .map_err(|e| database(e, table))?;
-    if !recorded.is_empty() {
-        return Ok(());
+    let failed = |e| database(e, table);
+    let typed = [Type::TEXT, Type::INT8];
+    for statement in [table.update_statement(), table.check_statement()] {
+        let params = [
+            (&resource as _, typed[0].clone()),
+            (&fence as _, typed[1].clone()),
+        ];
+        if !tx
+            .query_typed(statement, &params)
+            .await
+            .map_err(failed)?
+            .is_empty()
+        {
+            return Ok(());
+        }
     }
     let highest = tx
         .query_typed(table.highest_sql(), &[(&resource, Type::TEXT)])
         .await
-        .map_err(|e| database(e, table))?;
-    let highest = highest.first().map_or(i64::MAX, |row| row.get(0));
-    Err(Error::stale(resource, fence, highest))
+        .map_err(failed)?;
+    refused(tx, resource, fence, highest.first().map(|row| row.get(0))).await
+}
+
+/// After a refused check: aborts the transaction on the server (so that
+/// its `COMMIT` rolls back) and says why.
+async fn refused(
+    tx: &Transaction<'_>,
+    resource: &str,
+    fence: i64,
+    highest: Option<i64>,
+) -> Result<(), Error> {
+    // Expected to fail: it aborts the transaction.
+    let _ = tx.batch_execute(Table::POISON_SQL).await;
+    match highest {
+        Some(highest) => Err(Error::stale(resource, fence, highest)),
+        None => Err(Error::vanished(resource)),
+    }
 }
 
 /// The check with its statements prepared once on a connection: the same

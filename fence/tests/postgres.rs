@@ -104,10 +104,7 @@ async fn migrate_twice_and_at_once_and_check_before_it() {
     let err = checked(&pool, &table, "r", 1).await.unwrap_err();
     assert!(err.is_not_migrated(), "{err}");
     let text = err.to_string();
-    assert!(
-        text.contains("run volcano_fence::sqlx::migrate first"),
-        "{text}"
-    );
+    assert!(text.contains("run volcano_fence::sqlx::migrate"), "{text}");
     assert!(text.contains("\"fence_migrate\".volcano_fences"), "{text}");
     let at_once: Vec<_> = (0..4)
         .map(|_| {
@@ -287,7 +284,7 @@ async fn the_same_through_tokio_postgres() {
         .unwrap_err();
     assert!(err
         .to_string()
-        .contains("run volcano_fence::tokio_postgres::migrate first"));
+        .contains("run volcano_fence::tokio_postgres::migrate"));
     drop(tx);
     let unprepared = volcano_fence::tokio_postgres::Fences::prepare(&client, &table).await;
     assert!(unprepared.unwrap_err().is_not_migrated());
@@ -404,4 +401,65 @@ async fn the_psql_recipe_refuses_a_stale_token() {
         .await
         .unwrap();
     assert_eq!(body, "done by 6");
+}
+
+#[tokio::test]
+async fn a_stale_transaction_cannot_commit_and_a_bare_connection_is_refused() {
+    let Some((pool, table)) = setup("fence_poison", true).await else {
+        return;
+    };
+    pool.execute("CREATE TABLE fence_poison.notes (body text)")
+        .await
+        .unwrap();
+    checked(&pool, &table, "r", 7).await.unwrap();
+    // A caller that ignores the stale error and commits writes nothing.
+    let mut tx = pool.begin().await.unwrap();
+    let ignored = fence::check_in(&mut tx, &table, "r", 6).await;
+    assert!(ignored.unwrap_err().is_stale());
+    let _ = sqlx::query("INSERT INTO fence_poison.notes VALUES ('stale')")
+        .execute(&mut *tx)
+        .await;
+    let _ = tx.commit().await;
+    let notes: i64 = sqlx::query_scalar("SELECT count(*) FROM fence_poison.notes")
+        .fetch_one(&pool)
+        .await
+        .unwrap();
+    assert_eq!(notes, 0);
+    // Outside a transaction nothing would hold the row lock.
+    let mut bare = pool.acquire().await.unwrap();
+    let err = fence::check_in(&mut bare, &table, "r", 8)
+        .await
+        .unwrap_err();
+    assert!(err.to_string().contains("needs a transaction"), "{err}");
+    assert_eq!(recorded(&pool, &table, "r").await, Some(7));
+}
+
+#[tokio::test]
+async fn migrate_needs_no_create_privilege_once_the_table_exists() {
+    let Some((pool, table)) = setup("fence_priv", true).await else {
+        return;
+    };
+    pool.execute(
+        "DROP ROLE IF EXISTS fence_app; CREATE ROLE fence_app LOGIN; \
+         GRANT USAGE ON SCHEMA fence_priv TO fence_app; \
+         GRANT SELECT, INSERT, UPDATE ON fence_priv.volcano_fences TO fence_app",
+    )
+    .await
+    .unwrap();
+    let url = Postgres::shared()
+        .unwrap()
+        .url()
+        .replacen("postgres@", "fence_app@", 1);
+    let app = PgPoolOptions::new().connect(&url).await.unwrap();
+    fence::migrate_in(&app, &table).await.unwrap();
+    checked(&app, &table, "r", 1).await.unwrap();
+    // Where it has to create the table, the role's missing privilege is
+    // the error, not "run migrate first".
+    let other = Table::in_schema("fence_priv_other").unwrap();
+    let err = fence::migrate_in(&app, &other).await.unwrap_err();
+    assert!(
+        !err.is_not_migrated() && err.to_string().contains("permission denied"),
+        "{err}"
+    );
+    app.close().await;
 }
