@@ -76,6 +76,8 @@ pub(crate) fn all(events: &[Stamped], server: &Server, end: Duration) -> Vec<Str
     leaks::at_end(events, server, &mut violations);
     recovery::after_crash(events, &beliefs, server, &jumps, &breaks, &mut violations);
     truth::releases(events, server, &jumps, &mut violations);
+    truth::successes(events, server, &mut violations);
+    truth::backoff(server, &mut violations);
     let history = history(server, &jumps);
     linear::server(&history, &mut violations);
     linear::clients(&server.sent.attempts, &history, &mut violations);

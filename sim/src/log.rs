@@ -29,6 +29,8 @@ pub(crate) enum Event {
         key: String,
         fence: i64,
     },
+    /// A release call for `key` returned success.
+    Released { client: usize, key: String },
     /// A write through the key's gate, with the writer's fence.
     Wrote {
         client: usize,

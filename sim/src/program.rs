@@ -172,8 +172,8 @@ impl Ctx {
                     self.work(&[&*held], work).await;
                     if coin % 3 == 0 {
                         drop(held);
-                    } else if let Err(err) = held.release().await {
-                        self.note(format!("release of {key}: {err}"));
+                    } else {
+                        self.released(&key, held.release().await);
                     }
                     ended.await;
                 }
@@ -226,6 +226,17 @@ impl Ctx {
                 }),
                 Err(err) => self.note(format!("force_release {key}: {err}")),
             },
+        }
+    }
+
+    /// Logs how a release of `key` ended.
+    fn released(&self, key: &str, result: volcano::Result<()>) {
+        match result {
+            Ok(()) => self.log.push(Event::Released {
+                client: self.id,
+                key: key.to_owned(),
+            }),
+            Err(err) => self.note(format!("release of {key}: {err}")),
         }
     }
 
@@ -318,7 +329,7 @@ impl Ctx {
                     tokio::time::sleep(Duration::from_millis(500)).await;
                 }
                 Err(err) => return self.note(format!("release {key} of own token: {err}")),
-                Ok(()) => return,
+                Ok(()) => return self.released(key, Ok(())),
             }
         }
     }
@@ -370,8 +381,8 @@ impl Ctx {
                 self.work(&[&*held], work).await;
                 if coin % 3 == 0 {
                     drop(held);
-                } else if let Err(err) = held.release().await {
-                    self.note(format!("release of {key}: {err}"));
+                } else {
+                    self.released(key, held.release().await);
                 }
                 ended.await;
             }
@@ -390,9 +401,7 @@ impl Ctx {
             Ok(held) => {
                 let ended = self.believe(&held);
                 self.work(&[&*held], Duration::from_secs(1)).await;
-                if let Err(err) = held.release().await {
-                    self.note(format!("release of {key}: {err}"));
-                }
+                self.released(key, held.release().await);
                 ended.await;
             }
             Err(err) => self.note(format!("recovering {key} with own token: {err}")),
@@ -421,9 +430,7 @@ impl Ctx {
                 lease
             }
         };
-        if let Err(err) = locks.release(&lease).await {
-            self.note(format!("release {key}: {err}"));
-        }
+        self.released(key, locks.release(&lease).await);
     }
 
     /// Leader election for a while: each term writes through the gate.

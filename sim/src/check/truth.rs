@@ -1,4 +1,5 @@
-//! No false conflict: what a call reports matches what the server did.
+//! What a release reports matches what the server did (no false conflict,
+//! no false success), and its retries back off.
 
 use std::time::Duration;
 
@@ -68,6 +69,73 @@ pub(super) fn releases(
                  yet the call reported a conflict at {:?}",
                 refused.key, told.at
             ));
+        }
+    }
+}
+
+/// No false success: a release call that reported success had an attempt
+/// the server applied, or one whose outcome its client could not know (no
+/// answer, a 5xx). A call whose every attempt was answered 409 or 429,
+/// none applied, freed nothing: success would be false.
+pub(super) fn successes(events: &[Stamped], server: &Server, out: &mut Vec<String>) {
+    let attempts = &server.sent.attempts;
+    for e in events {
+        let Event::Released { client, key } = &e.event else {
+            continue;
+        };
+        // The call returned the moment its last answer arrived.
+        let last = attempts.iter().find(|a| {
+            a.client == *client
+                && &a.key == key
+                && a.operation == Operation::Release
+                && a.answer.as_ref().is_some_and(|o| o.at == e.at)
+        });
+        let Some(last) = last else { continue };
+        let id = &last.request_id;
+        let applied = server.journal.iter().any(|r| {
+            r.request_id.as_ref() == Some(id)
+                && r.operation == Operation::Release
+                && r.status == Some(204)
+        });
+        let answers: Vec<Option<u16>> = attempts
+            .iter()
+            .filter(|a| &a.request_id == id)
+            .map(|a| a.answer.as_ref().map(|o| o.status))
+            .collect();
+        let known = answers.iter().all(|s| matches!(s, Some(409 | 429)));
+        if !applied && known {
+            out.push(format!(
+                "false success: client {client}'s release of {key} reported success at {:?}, \
+                 but the server applied none of its attempts (answers {answers:?})",
+                e.at
+            ));
+        }
+    }
+}
+
+/// The least time between two attempts of one release (the retry
+/// backoff's floor): retries never hammer a struggling service.
+const BACKOFF_FLOOR: Duration = Duration::from_millis(100);
+
+/// Retries of a release back off: no two attempts of one request id are
+/// closer than [`BACKOFF_FLOOR`].
+pub(super) fn backoff(server: &Server, out: &mut Vec<String>) {
+    let mut last_sent: std::collections::BTreeMap<&str, Duration> = Default::default();
+    for a in &server.sent.attempts {
+        if a.operation != Operation::Release {
+            continue;
+        }
+        if let Some(before) = last_sent.insert(a.request_id.as_str(), a.sent) {
+            if a.sent.saturating_sub(before) < BACKOFF_FLOOR {
+                out.push(format!(
+                    "no backoff: client {} sent a release of {} again {:?} after the last \
+                     attempt (at {:?})",
+                    a.client,
+                    a.key,
+                    a.sent.saturating_sub(before),
+                    a.sent
+                ));
+            }
         }
     }
 }
