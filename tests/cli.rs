@@ -387,3 +387,44 @@ async fn missing_service_key_is_an_invalid_argument_and_the_anon_key_is_optional
         .unwrap();
     assert_eq!(output.status.code(), Some(0), "{output:?}");
 }
+
+#[tokio::test]
+async fn plain_http_off_loopback_needs_the_flag_and_gets_a_warning() {
+    let cli = |env: &[(&str, &str)], extra: &[&str]| {
+        let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_volcano"));
+        command
+            .args(["--api-url", "http://192.0.2.1:9", "--timeout", "1s"])
+            .args(extra)
+            .args(["locks", "get", "report"])
+            .env_clear()
+            .env("VOLCANO_SERVICE_KEY", "secret-service-key")
+            .stdin(Stdio::null());
+        for (name, value) in env {
+            command.env(name, value);
+        }
+        let output = command.output().unwrap();
+        (
+            output.status.code(),
+            String::from_utf8_lossy(&output.stderr).into_owned(),
+        )
+    };
+    let (code, stderr) = cli(&[], &[]);
+    assert_eq!(code, Some(2), "{stderr}");
+    assert!(stderr.contains("--allow-insecure-http"), "{stderr}");
+    for (env, flag) in [
+        (&[][..], &["--allow-insecure-http"][..]),
+        (&[("VOLCANO_ALLOW_INSECURE_HTTP", "1")][..], &[][..]),
+    ] {
+        let (code, stderr) = cli(env, flag);
+        // Allowed: the request goes out (and times out: nothing listens).
+        assert_eq!(code, Some(6), "{stderr}");
+        assert!(
+            stderr.contains("warning: --allow-insecure-http"),
+            "{stderr}"
+        );
+        assert!(!stderr.contains("secret-service-key"), "{stderr}");
+    }
+    // Off: an explicit 0 means no.
+    let (code, _) = cli(&[("VOLCANO_ALLOW_INSECURE_HTTP", "0")], &[]);
+    assert_eq!(code, Some(2));
+}

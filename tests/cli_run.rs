@@ -268,6 +268,69 @@ async fn a_held_lock_exits_3_without_starting_the_command_unless_asked_to_wait()
 }
 
 #[tokio::test]
+async fn a_held_lock_can_be_a_quiet_skip_for_cron() {
+    let server = MockServer::start().await;
+    let dir = scratch("skip");
+    let mark = dir.join("ran");
+    let script = format!("echo ran > {}", mark.display());
+    let locks = volcano::Client::builder()
+        .api_url(server.url())
+        .service_key(server.service_key())
+        .build()
+        .unwrap()
+        .locks();
+    let _other = locks
+        .acquire("report", Duration::from_secs(30))
+        .await
+        .unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec!["locks", "run", "report"];
+        args.extend_from_slice(extra);
+        args.extend_from_slice(&["--", "/bin/sh", "-c", &script]);
+        volcano(&server, &args).spawn().unwrap()
+    };
+    // A skip that is a success, with one line saying so.
+    let skipped = ended(run(&["--held-exit-code", "0"])).await;
+    assert_eq!(skipped.code, Some(0), "{}", skipped.stderr);
+    assert_eq!(skipped.stderr.lines().count(), 1, "{}", skipped.stderr);
+    assert!(
+        skipped.stderr.contains("report is held elsewhere; skipped"),
+        "{}",
+        skipped.stderr
+    );
+    assert!(skipped.stdout.is_empty());
+    // Quiet: nothing at all, whatever the code.
+    let quiet = ended(run(&["--held-exit-code", "75", "--quiet"])).await;
+    assert_eq!(quiet.code, Some(75));
+    assert_eq!((quiet.stdout.as_str(), quiet.stderr.as_str()), ("", ""));
+    let quiet_default = ended(run(&["--quiet"])).await;
+    assert_eq!(quiet_default.code, Some(3));
+    assert!(quiet_default.stderr.is_empty(), "{}", quiet_default.stderr);
+    assert!(!mark.exists(), "the command never ran");
+    // Other failures still speak up: a bad key is not a skip.
+    let bad = ended(
+        volcano(
+            &server,
+            &[
+                "locks",
+                "run",
+                "bad key",
+                "--held-exit-code",
+                "0",
+                "--quiet",
+                "--",
+                "true",
+            ],
+        )
+        .spawn()
+        .unwrap(),
+    )
+    .await;
+    assert_eq!(bad.code, Some(2), "{}", bad.stderr);
+    assert!(!bad.stderr.is_empty());
+}
+
+#[tokio::test]
 async fn sigterm_to_the_cli_reaches_the_command_and_the_lock_is_released() {
     let server = MockServer::start().await;
     let dir = scratch("signal");

@@ -16,6 +16,12 @@
 //!
 //! `VOLCANO_MODEL_CASES` (default 24) sets the number of programs;
 //! `PROPTEST_RNG_SEED` (a number) replays a run.
+//!
+//! The deterministic simulation (`sim/`) checks all of this and more,
+//! replayably and far faster, but over a simulated wire (hyper on turmoil)
+//! and a simulated lease clock. This test stays for what the simulation
+//! replaces by design: the production path, reqwest over real loopback
+//! TCP with the real suspend-aware clock and real threads.
 
 mod common;
 

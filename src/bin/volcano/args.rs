@@ -39,6 +39,17 @@ pub(crate) struct Cli {
     /// Per-request timeout, e.g. 10s.
     #[arg(long, global = true, value_parser = parse_duration, default_value = "60s")]
     pub(crate) timeout: Duration,
+    /// Allow a plain http:// API URL off loopback (a mock server in
+    /// docker-compose, say). The service key then crosses the network in
+    /// clear text, and any HTTP proxy sees it.
+    #[arg(
+        long,
+        global = true,
+        env = "VOLCANO_ALLOW_INSECURE_HTTP",
+        action = clap::ArgAction::SetTrue,
+        value_parser = clap::builder::BoolishValueParser::new()
+    )]
+    pub(crate) allow_insecure_http: bool,
     #[command(subcommand)]
     pub(crate) command: Command,
 }
@@ -97,7 +108,7 @@ pub(crate) enum LockCommand {
     ///
     /// CMD gets VOLCANO_LOCK_KEY and VOLCANO_FENCING_TOKEN in its
     /// environment, and not VOLCANO_SERVICE_KEY. If the lock is held, exit 3
-    /// without starting CMD (unless --wait). If ownership is lost while CMD
+    /// (or --held-exit-code) without starting CMD (unless --wait). If ownership is lost while CMD
     /// runs, CMD gets SIGTERM, then SIGKILL after --kill-after, and the exit
     /// code is 8; when --max-hold ends it, the same, with exit code 9.
     /// Unless the CLI runs in the foreground of a terminal, CMD leads its
@@ -107,9 +118,19 @@ pub(crate) enum LockCommand {
     /// passed on again). With --output json, one object on the last line of
     /// standard output.
     ///
-    /// Example (crontab): */5 * * * * volcano locks run nightly-report --ttl 60 -- /opt/report.sh
+    /// Example (crontab; a host that finds the lock held skips quietly):
+    ///
+    ///   */5 * * * * volcano locks run nightly-report --ttl 60 --held-exit-code 0 --quiet -- /opt/report.sh
     Run {
         key: String,
+        /// Exit with this code instead of 3 when the lock is held elsewhere
+        /// (0 makes a skip a success: cron mails nothing), printing one line
+        /// at most.
+        #[arg(long, value_name = "N")]
+        held_exit_code: Option<u8>,
+        /// When the lock is held elsewhere, print nothing at all.
+        #[arg(long)]
+        quiet: bool,
         /// Lease duration, whole seconds; renewed about every third of it.
         #[arg(long, value_parser = parse_duration, default_value = "30s")]
         ttl: Duration,

@@ -18,6 +18,8 @@ pub(crate) struct Failure {
     pub(crate) code: u8,
     pub(crate) message: String,
     pub(crate) error: Option<Box<Error>>,
+    /// Print nothing (a quiet skip).
+    pub(crate) silent: bool,
 }
 
 impl From<Error> for Failure {
@@ -30,10 +32,15 @@ impl From<Error> for Failure {
             Error::Server(_) | Error::Transport(_) => UNAVAILABLE,
             _ => OTHER,
         };
+        let mut message = chain(&error);
+        if matches!(error, Error::InvalidArgument(_)) && message.contains("allow_insecure_http") {
+            message.push_str(" (here: --allow-insecure-http or VOLCANO_ALLOW_INSECURE_HTTP=1)");
+        }
         Failure {
             code,
-            message: chain(&error),
+            message,
             error: Some(Box::new(error)),
+            silent: false,
         }
     }
 }
@@ -44,6 +51,7 @@ pub(crate) fn fail(code: u8, message: impl Into<String>) -> Failure {
         code,
         message: message.into(),
         error: None,
+        silent: false,
     }
 }
 

@@ -65,13 +65,22 @@ async fn execute(cli: Cli) -> Result<Done, Failure> {
         service_key,
         anon_key,
         timeout,
+        allow_insecure_http,
         command: Command::Locks(command),
     } = cli;
-    let client = connect(&api_url, timeout, service_key, anon_key)?;
+    let client = connect(
+        &api_url,
+        timeout,
+        service_key,
+        anon_key,
+        allow_insecure_http,
+    )?;
     let locks = client.locks();
     match command {
         LockCommand::Run {
             key,
+            held_exit_code,
+            quiet,
             ttl,
             wait,
             poll_interval,
@@ -91,6 +100,10 @@ async fn execute(cli: Cli) -> Result<Done, Failure> {
                 key,
                 ttl,
                 options,
+                held: run::WhenHeld {
+                    exit_code: held_exit_code,
+                    quiet,
+                },
                 max_hold,
                 kill_after,
                 command,
@@ -110,8 +123,18 @@ fn connect(
     timeout: Duration,
     service_key: Option<String>,
     anon_key: Option<String>,
+    allow_insecure_http: bool,
 ) -> Result<Client, Failure> {
-    let mut builder = Client::builder().api_url(api_url).timeout(timeout);
+    let mut builder = Client::builder()
+        .api_url(api_url)
+        .timeout(timeout)
+        .allow_insecure_http(allow_insecure_http);
+    if allow_insecure_http && crosses_network_in_clear(api_url) {
+        eprintln!(
+            "volcano: warning: --allow-insecure-http: the service key goes to {api_url} in clear \
+             text (and through any HTTP proxy)"
+        );
+    }
     match service_key {
         Some(key) => builder = builder.service_key(key),
         None => {
@@ -126,6 +149,20 @@ fn connect(
         builder = builder.anon_key(key);
     }
     builder.build().map_err(Failure::from)
+}
+
+/// Whether `api_url` is plain http to a host off loopback.
+fn crosses_network_in_clear(api_url: &str) -> bool {
+    let Ok(url) = reqwest::Url::parse(api_url) else {
+        return false;
+    };
+    let loopback = match url.host() {
+        Some(url::Host::Domain(name)) => name.eq_ignore_ascii_case("localhost"),
+        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
+        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
+        None => false,
+    };
+    url.scheme() == "http" && !loopback
 }
 
 /// `locks run`, then the client's shutdown: anything handed to the

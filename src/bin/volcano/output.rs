@@ -83,6 +83,9 @@ pub(crate) fn ended(output: Output, ran: &Ran) {
 /// A failure on standard error, with the status, code, request id and
 /// retry delay when the SDK's error has them.
 pub(crate) fn report(output: Output, failure: &Failure) {
+    if failure.silent {
+        return;
+    }
     let error = failure.error.as_deref();
     let status = error.and_then(Error::status);
     let code = error.and_then(Error::code);

@@ -30,9 +30,36 @@ pub(crate) struct RunArgs {
     pub(crate) key: String,
     pub(crate) ttl: Duration,
     pub(crate) options: AcquireOptions,
+    pub(crate) held: WhenHeld,
     pub(crate) max_hold: Option<Duration>,
     pub(crate) kill_after: Duration,
     pub(crate) command: Vec<String>,
+}
+
+/// What to do when the lock is held elsewhere: by default exit 3 with the
+/// service's answer on standard error; with an exit code, a skip of one
+/// line (none when quiet).
+pub(crate) struct WhenHeld {
+    pub(crate) exit_code: Option<u8>,
+    pub(crate) quiet: bool,
+}
+
+impl WhenHeld {
+    /// The failure for a lock found held: `err` as it is, or a skip.
+    fn failure(&self, key: &str, err: Error) -> Failure {
+        if !err.is_lock_held() || (self.exit_code.is_none() && !self.quiet) {
+            return Failure::from(err);
+        }
+        let mut failure = match self.exit_code {
+            Some(code) => fail(
+                code,
+                format!("{key} is held elsewhere; skipped (the command was not started)"),
+            ),
+            None => Failure::from(err),
+        };
+        failure.silent = self.quiet;
+        failure
+    }
 }
 
 /// How it ended: the exit code, the summary object, and what to say on
@@ -118,7 +145,7 @@ async fn acquire(
                 if !matches!(err, Error::Conflict(_) | Error::InvalidArgument(_)) {
                     release_own(locks, &args.key, token).await;
                 }
-                Err(Failure::from(err))
+                Err(args.held.failure(&args.key, err))
             }
         },
         stop = signals.next() => {
