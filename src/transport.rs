@@ -219,7 +219,7 @@ impl Transport {
             .wire
             .send(request)
             .await
-            .map_err(|e| transport_error(e, request_id))?;
+            .map_err(|e| transport_error(e, request_id, &self.base_url))?;
         let status = reply.status;
         tracing::Span::current().record("status", status.as_u16());
 
@@ -264,12 +264,28 @@ impl Transport {
     }
 }
 
-fn transport_error(err: WireError, request_id: &str) -> Error {
+fn transport_error(err: WireError, request_id: &str, base_url: &str) -> Error {
+    let server = (err.kind == TransportKind::Connect).then(|| origin(base_url));
     Error::Transport(TransportError {
         kind: err.kind,
         request_id: request_id.to_owned(),
+        server,
         source: Some(err.source),
     })
+}
+
+/// `scheme://host:port` of the base URL (no path, no credentials).
+fn origin(base_url: &str) -> String {
+    match url::Url::parse(base_url) {
+        Ok(url) => {
+            let host = url.host_str().unwrap_or_default();
+            match url.port_or_known_default() {
+                Some(port) => format!("{}://{host}:{port}", url.scheme()),
+                None => format!("{}://{host}", url.scheme()),
+            }
+        }
+        Err(_) => "the configured URL".to_owned(),
+    }
 }
 
 /// An attempt timed by a paused runtime clock: sent, its outcome unknown.
@@ -277,6 +293,7 @@ fn paused_clock(request_id: &str) -> Error {
     Error::Transport(TransportError {
         kind: TransportKind::PausedClock,
         request_id: request_id.to_owned(),
+        server: None,
         source: Some(PAUSED_CLOCK.into()),
     })
 }
@@ -292,7 +309,7 @@ async fn read_body(
     while let Some(chunk) = body
         .chunk()
         .await
-        .map_err(|e| transport_error(e, request_id))?
+        .map_err(|e| transport_error(e, request_id, ""))?
     {
         let room = limit - bytes.len();
         if chunk.len() > room {

@@ -41,9 +41,19 @@ pub(crate) fn ttl(ttl: Duration) -> Result<u64> {
         Ok(ttl.as_secs())
     } else {
         Err(Error::invalid(format!(
-            "ttl must be whole seconds between 5 seconds and 90 days (7776000 s), got {ttl:?}"
+            "ttl must be whole seconds between 5 seconds and 90 days (7776000 s), got {}",
+            seconds(ttl)
         )))
     }
+}
+
+/// A duration as a person writes it: `0 s`, `4 s`, `1.5 s`, `0.25 s`.
+pub(crate) fn seconds(d: Duration) -> String {
+    if d.subsec_nanos() == 0 {
+        return format!("{} s", d.as_secs());
+    }
+    let text = format!("{:.9}", d.as_secs_f64());
+    format!("{} s", text.trim_end_matches('0'))
 }
 
 /// Checks that `value` is an 8-4-4-4-12 hex UUID string (any case).
@@ -114,6 +124,14 @@ mod tests {
         ] {
             assert!(ttl(bad).is_err(), "{bad:?}");
         }
+        let said = |d| ttl(d).unwrap_err().to_string();
+        assert!(
+            said(Duration::ZERO).ends_with("got 0 s"),
+            "{}",
+            said(Duration::ZERO)
+        );
+        assert!(said(Duration::from_millis(1_500)).ends_with("got 1.5 s"));
+        assert!(said(Duration::from_secs(4)).ends_with("got 4 s"));
     }
 
     #[test]

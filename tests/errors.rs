@@ -218,3 +218,31 @@ async fn a_refused_connection_is_a_connect_error_a_dropped_answer_is_not() {
     };
     assert!(!dropped.is_connect(), "sent, then no answer: {err}");
 }
+
+#[tokio::test]
+async fn a_refused_connection_names_the_server_and_the_cause() {
+    let port = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let client = volcano::Client::builder()
+        .api_url(format!("http://127.0.0.1:{port}/prefix"))
+        .service_key("secret-service-key")
+        .build()
+        .unwrap();
+    let err = client.locks().get("k").await.unwrap_err();
+    let text = err.to_string();
+    assert!(
+        text.contains(&format!(
+            "could not connect to the lock service at http://127.0.0.1:{port} ("
+        )),
+        "{text}"
+    );
+    assert!(text.ends_with("; nothing was sent"), "{text}");
+    assert!(
+        !text.contains("secret") && !text.contains("/prefix") && !text.contains("/locks"),
+        "{text}"
+    );
+    assert!(matches!(&err, volcano::Error::Transport(t) if t.is_connect()));
+}

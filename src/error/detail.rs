@@ -69,14 +69,43 @@ impl fmt::Debug for ApiError {
 }
 
 /// The request failed without a usable answer: it may or may not have been
-/// applied by the service.
+/// applied by the service (except a failed connection: nothing was sent).
 #[derive(Debug, thiserror::Error)]
-#[error("{kind}")]
 pub struct TransportError {
     pub(crate) kind: TransportKind,
     pub(crate) request_id: String,
+    /// The service's origin (`scheme://host:port`), for a failed
+    /// connection's message.
+    pub(crate) server: Option<String>,
     #[source]
     pub(crate) source: Option<Box<dyn std::error::Error + Send + Sync>>,
+}
+
+impl fmt::Display for TransportError {
+    /// A failed connection names the server and the root cause (refused,
+    /// unknown host, certificate...), and says nothing was sent; the other
+    /// kinds say that the request may have been applied. No secrets: the
+    /// origin carries no key, path or credential.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.kind != TransportKind::Connect {
+            return write!(f, "{}", self.kind);
+        }
+        f.write_str("could not connect to the lock service")?;
+        if let Some(server) = &self.server {
+            write!(f, " at {server}")?;
+        }
+        let mut root: Option<&(dyn std::error::Error + 'static)> = self
+            .source
+            .as_deref()
+            .map(|e| e as &(dyn std::error::Error + 'static));
+        while let Some(next) = root.and_then(std::error::Error::source) {
+            root = Some(next);
+        }
+        if let Some(root) = root {
+            write!(f, " ({root})")?;
+        }
+        f.write_str("; nothing was sent")
+    }
 }
 
 impl TransportError {

@@ -91,8 +91,14 @@ async fn release(
     token: String,
     request_id: Option<String>,
 ) -> Result<Value, Failure> {
+    // The service answers 204 also when no lease is there: look first, so
+    // that a lease already gone (expired, force-released) is said.
+    let before = locks.get(&key).await?;
     let lease = lease_of(&key, token);
     locks.release(&lease).with_request_id(request_id).await?;
+    if !before.held() {
+        return Ok(json!({ "key": key, "released": false, "was_held": false }));
+    }
     Ok(json!({ "key": key, "released": true }))
 }
 

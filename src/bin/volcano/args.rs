@@ -9,7 +9,8 @@ const AFTER_HELP: &str = "\
 Exit codes: 0 ok, 1 other error, 2 invalid argument, 3 conflict (lock held or
 ownership lost), 4 authentication, 5 rate limited, 6 server or transport error
 (outcome unknown), 7 force-release not confirmed, 8 lock lost while `run`'s
-command ran. `run` otherwise exits with its command's code (126/127 if the
+command ran, 9 `run`'s --max-hold ended the command, 10 could not connect
+(nothing was sent). `run` otherwise exits with its command's code (126/127 if the
 command cannot be started; 128+N if a signal N ended it).
 
 Credentials come from VOLCANO_SERVICE_KEY, VOLCANO_ANON_KEY and VOLCANO_API_URL;
@@ -72,6 +73,8 @@ pub(crate) enum Command {
 pub(crate) enum LockCommand {
     /// Show whether KEY is held, until when, and the holder's fencing token.
     Get {
+        /// The lock key: 1 to 128 letters, digits, '.', '_', ':' or '-',
+        /// starting with a letter or digit.
         key: String,
         #[command(flatten)]
         ids: RequestId,
@@ -84,6 +87,8 @@ pub(crate) enum LockCommand {
     /// been granted anyway: run the same command again with the same --token
     /// and --request-id to recover it.
     Acquire {
+        /// The lock key: 1 to 128 letters, digits, '.', '_', ':' or '-',
+        /// starting with a letter or digit.
         key: String,
         /// Lease duration, whole seconds (5s to 90 days), e.g. 30 or 5m.
         #[arg(long, value_parser = parse_duration, default_value = "30s")]
@@ -122,6 +127,8 @@ pub(crate) enum LockCommand {
     ///
     ///   */5 * * * * volcano locks run nightly-report --ttl 60 --held-exit-code 0 --quiet -- /opt/report.sh
     Run {
+        /// The lock key: 1 to 128 letters, digits, '.', '_', ':' or '-',
+        /// starting with a letter or digit.
         key: String,
         /// Exit with this code instead of 3 when the lock is held elsewhere
         /// (0 makes a skip a success: cron mails nothing), printing one line
@@ -158,6 +165,8 @@ pub(crate) enum LockCommand {
     },
     /// Renew the lease on KEY owned by --token.
     Renew {
+        /// The lock key: 1 to 128 letters, digits, '.', '_', ':' or '-',
+        /// starting with a letter or digit.
         key: String,
         /// Ownership token of the lease.
         #[arg(long)]
@@ -170,6 +179,8 @@ pub(crate) enum LockCommand {
     },
     /// Release the lease on KEY owned by --token.
     Release {
+        /// The lock key: 1 to 128 letters, digits, '.', '_', ':' or '-',
+        /// starting with a letter or digit.
         key: String,
         /// Ownership token of the lease.
         #[arg(long)]
@@ -183,6 +194,8 @@ pub(crate) enum LockCommand {
     /// its next renewal fails. Use it only when the protected resource checks
     /// fencing tokens.
     ForceRelease {
+        /// The lock key: 1 to 128 letters, digits, '.', '_', ':' or '-',
+        /// starting with a letter or digit.
         key: String,
         /// Do not ask for confirmation.
         #[arg(long)]
@@ -199,31 +212,54 @@ pub(crate) struct RequestId {
     pub(crate) request_id: Option<String>,
 }
 
-/// `500ms`, `10s`, `5m`, `2h`, `90d`, or a bare number of seconds.
+/// `500ms`, `10s`, `1.5s`, `5m`, `2h`, `90d`, or a bare number of seconds
+/// (decimals allowed, to the millisecond).
 fn parse_duration(text: &str) -> Result<Duration, String> {
     let text = text.trim();
     let split = text
-        .find(|c: char| !c.is_ascii_digit())
+        .find(|c: char| !c.is_ascii_digit() && c != '.')
         .unwrap_or(text.len());
     let (number, unit) = text.split_at(split);
-    let n: u64 = number
+    let like = || format!("{text:?} is not a duration like 30s, 1.5s, 500ms or 5m");
+    let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
+    if whole.is_empty() && fraction.is_empty() || fraction.contains('.') {
+        return Err(like());
+    }
+    let whole: u64 = if whole.is_empty() {
+        0
+    } else {
+        whole.parse().map_err(|_| like())?
+    };
+    // The fraction, in thousandths (finer digits must be zero).
+    let digits = fraction.len();
+    if fraction.bytes().skip(3).any(|d| d != b'0') {
+        return Err(format!("{text:?} is finer than a millisecond"));
+    }
+    let milli_fraction: u64 = format!("{:0<3}", &fraction[..digits.min(3)])
         .parse()
-        .map_err(|_| format!("{text:?} is not a duration like 30s, 500ms, 5m"))?;
-    let per_unit = match unit {
-        "" | "s" => Duration::from_secs(1),
-        "ms" => Duration::from_millis(1),
-        "m" => Duration::from_secs(60),
-        "h" => Duration::from_secs(3_600),
-        "d" => Duration::from_secs(86_400),
+        .map_err(|_| like())?;
+    let per_unit_ms: u64 = match unit {
+        "" | "s" => 1_000,
+        "ms" if fraction.is_empty() => 1,
+        "ms" => return Err(format!("{text:?}: milliseconds are whole (use 1500ms or 1.5s)")),
+        "m" => 60_000,
+        "h" => 3_600_000,
+        "d" => 86_400_000,
         other => {
             return Err(format!(
-                "unknown unit {other:?} in {text:?} (use ms, s, m, h or d)"
+                "unknown unit {other:?} in {text:?} (use ms, s, m, h or d; decimals like 1.5s are fine)"
             ))
         }
     };
-    per_unit
-        .checked_mul(u32::try_from(n).map_err(|_| format!("{text:?} is too long"))?)
-        .ok_or_else(|| format!("{text:?} is too long"))
+    let too_long = || format!("{text:?} is too long");
+    let ms = whole
+        .checked_mul(per_unit_ms)
+        .and_then(|ms| ms.checked_add(milli_fraction * per_unit_ms / 1_000))
+        .ok_or_else(too_long)?;
+    if ms > 400 * 86_400_000 {
+        return Err(too_long());
+    }
+    Ok(Duration::from_millis(ms))
 }
 
 #[cfg(test)]
@@ -238,8 +274,26 @@ mod tests {
         assert_eq!(parse_duration("500ms"), Ok(Duration::from_millis(500)));
         assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
         assert_eq!(parse_duration("90d"), Ok(Duration::from_secs(7_776_000)));
-        for bad in ["", "s", "-5", "1.5s", "10 parsecs", "99999999999999s"] {
+        assert_eq!(parse_duration("1.5"), Ok(Duration::from_millis(1_500)));
+        assert_eq!(parse_duration("1.5s"), Ok(Duration::from_millis(1_500)));
+        assert_eq!(parse_duration("0.5m"), Ok(Duration::from_secs(30)));
+        assert_eq!(parse_duration(".25s"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("2.000s"), Ok(Duration::from_secs(2)));
+        for bad in [
+            "",
+            "s",
+            ".",
+            "-5",
+            "1.2.3s",
+            "1.5ms",
+            "1.0001s",
+            "10 parsecs",
+            "99999999999999s",
+        ] {
             assert!(parse_duration(bad).is_err(), "{bad}");
         }
+        assert!(parse_duration("5x")
+            .unwrap_err()
+            .contains("use ms, s, m, h or d"));
     }
 }

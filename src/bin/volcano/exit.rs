@@ -12,6 +12,8 @@ pub(crate) const UNAVAILABLE: u8 = 6;
 pub(crate) const ABORTED: u8 = 7;
 pub(crate) const LOST: u8 = 8;
 pub(crate) const MAX_HOLD: u8 = 9;
+/// No connection could be made: nothing was sent, the lock is unchanged.
+pub(crate) const NOT_SENT: u8 = 10;
 
 /// A failure with its exit code.
 pub(crate) struct Failure {
@@ -29,10 +31,16 @@ impl From<Error> for Failure {
             Error::Conflict(_) | Error::LockLost(_) => CONFLICT,
             Error::Authentication(_) => AUTH,
             Error::RateLimited(_) => RATE_LIMITED,
+            Error::Transport(t) if t.is_connect() => NOT_SENT,
             Error::Server(_) | Error::Transport(_) => UNAVAILABLE,
             _ => OTHER,
         };
-        let mut message = chain(&error);
+        // A failed connection's message already names the server and the
+        // root cause; the chain would repeat it.
+        let mut message = match &error {
+            Error::Transport(t) if t.is_connect() => error.to_string(),
+            _ => chain(&error),
+        };
         if matches!(error, Error::InvalidArgument(_)) && message.contains("allow_insecure_http") {
             message.push_str(" (here: --allow-insecure-http or VOLCANO_ALLOW_INSECURE_HTTP=1)");
         }

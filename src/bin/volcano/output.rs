@@ -41,7 +41,12 @@ pub(crate) fn print(output: Output, value: &Value) {
         return;
     }
     let key = value["key"].as_str().unwrap_or_default();
-    if value.get("released").is_some() {
+    if value["released"] == false {
+        println!(
+            "{key} was not held by anyone: this token's lease had already ended (expired or \
+             force-released); nothing to release"
+        );
+    } else if value.get("released").is_some() {
         println!("released {key}");
     } else if value.get("force_released").is_some() {
         match value["was_held"].as_bool() {
