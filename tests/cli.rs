@@ -67,7 +67,7 @@ async fn get_acquire_renew_release_in_both_formats() {
     .await;
     assert_eq!(
         free.json(),
-        serde_json::json!({"key": "daily-report", "held": false, "expires_at": null, "fencing_token": null})
+        serde_json::json!({"key": "daily-report", "held": false, "expires_at": null, "fencing_token": null, "time_remaining_ms": null})
     );
 
     let acquired = volcano(
@@ -102,7 +102,23 @@ async fn get_acquire_renew_release_in_both_formats() {
         "{}",
         held.stdout
     );
-    assert!(held.stdout.contains("(fencing token 1)"));
+    assert!(
+        held.stdout.contains("(fencing token 1, "),
+        "{}",
+        held.stdout
+    );
+    assert!(
+        held.stdout.trim_end().ends_with(" s left)"),
+        "{}",
+        held.stdout
+    );
+    let held = volcano(
+        &server,
+        &["--output", "json", "locks", "get", "daily-report"],
+    )
+    .await;
+    let left = held.json()["time_remaining_ms"].as_i64().unwrap();
+    assert!((20_000..=30_000).contains(&left), "{left}");
 
     let renewed = volcano(
         &server,

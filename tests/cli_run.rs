@@ -331,6 +331,114 @@ async fn a_held_lock_can_be_a_quiet_skip_for_cron() {
 }
 
 #[tokio::test]
+async fn watch_prints_a_line_per_change_until_interrupted() {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let server = MockServer::start().await;
+    let locks = volcano::Client::builder()
+        .api_url(server.url())
+        .service_key(server.service_key())
+        .build()
+        .unwrap()
+        .locks();
+    let mut watch = volcano(
+        &server,
+        &[
+            "--output",
+            "json",
+            "locks",
+            "watch",
+            "report",
+            "--interval",
+            "100ms",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
+    async fn next(lines: &mut tokio::io::Lines<BufReader<tokio::process::ChildStdout>>) -> Value {
+        let line = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+            .await
+            .expect("a line within 10 s")
+            .unwrap()
+            .expect("watch still running");
+        serde_json::from_str::<Value>(&line).unwrap()
+    }
+    assert_eq!(next(&mut lines).await["event"], "free");
+    let lease = locks
+        .acquire("report", Duration::from_secs(30))
+        .await
+        .unwrap();
+    let acquired = next(&mut lines).await;
+    assert_eq!(
+        (
+            acquired["event"].as_str(),
+            acquired["fencing_token"].as_i64()
+        ),
+        (Some("acquired"), Some(1))
+    );
+    locks.renew(&lease, Duration::from_secs(60)).await.unwrap();
+    assert_eq!(next(&mut lines).await["event"], "renewed");
+    locks.release(&lease).await.unwrap();
+    assert_eq!(next(&mut lines).await["event"], "released");
+    let _second = locks
+        .acquire("report", Duration::from_secs(5))
+        .await
+        .unwrap();
+    // Left to expire: the protocol's shortest TTL, 5 s, in real time (watch
+    // tells an expiry from a release by this machine's clock).
+    assert_eq!(next(&mut lines).await["fencing_token"], 2);
+    assert_eq!(next(&mut lines).await["event"], "expired");
+    // About ten requests a second at this interval; the default is 2 s.
+    sigterm(&watch);
+    let status = tokio::time::timeout(Duration::from_secs(10), watch.wait())
+        .await
+        .unwrap()
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+}
+
+#[tokio::test]
+async fn watch_backs_off_on_429_and_refuses_a_bad_key() {
+    let server = MockServer::builder().rate_limit(3).start().await;
+    let watch = volcano(
+        &server,
+        &["locks", "watch", "a", "b", "--interval", "100ms"],
+    )
+    .spawn()
+    .unwrap();
+    server
+        .wait_for(Operation::Get, 429, Duration::from_secs(10))
+        .await
+        .expect("the quota ran out");
+    // It waits out Retry-After (the rest of the minute): no more requests.
+    let asked = server.requests().len();
+    tokio::time::sleep(Duration::from_millis(800)).await;
+    assert_eq!(
+        server.requests().len(),
+        asked,
+        "no request while backing off"
+    );
+    sigterm(&watch);
+    let watched = ended(watch).await;
+    assert_eq!(watched.code, Some(0), "{}", watched.stderr);
+    assert!(watched.stderr.contains("next try in"), "{}", watched.stderr);
+    assert_eq!(
+        watched.stdout.lines().count(),
+        2,
+        "a and b once each: {}",
+        watched.stdout
+    );
+
+    let bad = ended(
+        volcano(&server, &["locks", "watch", "bad key"])
+            .spawn()
+            .unwrap(),
+    )
+    .await;
+    assert_eq!(bad.code, Some(2), "{}", bad.stderr);
+}
+
+#[tokio::test]
 async fn sigterm_to_the_cli_reaches_the_command_and_the_lock_is_released() {
     let server = MockServer::start().await;
     let dir = scratch("signal");

@@ -46,7 +46,9 @@ pub(crate) async fn execute(locks: &Locks, command: LockCommand) -> Result<Value
         LockCommand::ForceRelease { key, yes, ids } => {
             force_release(locks, key, yes, ids.request_id).await
         }
-        LockCommand::Run { .. } => unreachable!("run is handled by main's execute"),
+        LockCommand::Run { .. } | LockCommand::Watch { .. } => {
+            unreachable!("run and watch are handled by main's execute")
+        }
     }
 }
 

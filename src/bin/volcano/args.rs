@@ -188,6 +188,21 @@ pub(crate) enum LockCommand {
         #[command(flatten)]
         ids: RequestId,
     },
+    /// Print a line each time a key changes (acquired, renewed, released,
+    /// expired) until interrupted; JSON lines with --output json.
+    ///
+    /// One request every --interval, the keys in turn (the default, 2s, is
+    /// 30 requests a minute: 5% of a 600/min project quota); a 429 slows it
+    /// down. "released" means freed before its expiry: by its holder, or
+    /// force-released.
+    Watch {
+        /// The lock keys to watch.
+        #[arg(required = true, value_name = "KEY")]
+        keys: Vec<String>,
+        /// Time between two requests (at least 100ms).
+        #[arg(long, value_parser = parse_duration, default_value = "2s")]
+        interval: Duration,
+    },
     /// Drop whatever lease holds KEY (recovery after a holder died).
     ///
     /// This breaks mutual exclusion: the displaced holder keeps running until

@@ -7,7 +7,7 @@
 //!
 //! This file only wires the parts together: `args` (flags and help text),
 //! `request` (the optional flags applied to the SDK's builders), `admin`
-//! (get, acquire, renew, release, force-release), `run` and `child`
+//! (get, acquire, renew, release, force-release), `watch`, `run` and `child`
 //! (`locks run` and its child process), `output` (what is printed) and
 //! `exit` (exit codes and the failure that carries one).
 
@@ -18,6 +18,7 @@ mod exit;
 mod output;
 mod request;
 mod run;
+mod watch;
 
 use std::process::ExitCode;
 use std::time::Duration;
@@ -36,6 +37,8 @@ use crate::run::{Ran, RunArgs};
 enum Done {
     Value(Value),
     Ran(Ran),
+    /// `watch` printed as it went and was interrupted.
+    Watched,
 }
 
 #[tokio::main(flavor = "current_thread")]
@@ -47,6 +50,7 @@ async fn main() -> ExitCode {
             output::print(format, &value);
             ExitCode::SUCCESS
         }
+        Ok(Done::Watched) => ExitCode::SUCCESS,
         Ok(Done::Ran(ran)) => {
             output::ended(format, &ran);
             ExitCode::from(ran.code)
@@ -60,7 +64,7 @@ async fn main() -> ExitCode {
 
 async fn execute(cli: Cli) -> Result<Done, Failure> {
     let Cli {
-        output: _,
+        output,
         api_url,
         service_key,
         anon_key,
@@ -112,6 +116,9 @@ async fn execute(cli: Cli) -> Result<Done, Failure> {
                 .await
                 .map(Done::Ran)
         }
+        LockCommand::Watch { keys, interval } => watch::watch(&locks, keys, interval, output)
+            .await
+            .map(|_| Done::Watched),
         command => admin::execute(&locks, command).await.map(Done::Value),
     }
 }

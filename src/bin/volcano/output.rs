@@ -10,12 +10,19 @@ use crate::exit::Failure;
 use crate::run::Ran;
 
 /// `get`'s value.
+/// With the time remaining until the expiry, on this machine's clock
+/// (`time_remaining_ms`, 0 once past it), when held.
 pub(crate) fn state_json(key: &str, state: &LockState) -> Value {
+    let remaining = state
+        .expires_at()
+        .filter(|_| state.held())
+        .map(|t| (t - chrono::Utc::now()).num_milliseconds().max(0));
     json!({
         "key": key,
         "held": state.held(),
         "expires_at": state.expires_at().map(|t| t.to_rfc3339_opts(chrono::SecondsFormat::Millis, true)),
         "fencing_token": state.fencing_token(),
+        "time_remaining_ms": remaining,
     })
 }
 
@@ -58,8 +65,12 @@ pub(crate) fn print(output: Output, value: &Value) {
             None => println!("force-released {key}"),
         }
     } else if value["held"] == true {
+        let left = value["time_remaining_ms"]
+            .as_i64()
+            .map(|ms| format!(", {:.1} s left", ms as f64 / 1000.0))
+            .unwrap_or_default();
         println!(
-            "{key}: held until {} (fencing token {})",
+            "{key}: held until {} (fencing token {}{left})",
             value["expires_at"].as_str().unwrap_or("?"),
             value["fencing_token"]
         );
