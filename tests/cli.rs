@@ -499,3 +499,64 @@ async fn plain_http_off_loopback_needs_the_flag_and_gets_a_warning() {
     let (code, _) = cli(&[("VOLCANO_ALLOW_INSECURE_HTTP", "0")], &[]);
     assert_eq!(code, Some(2));
 }
+
+/// While waiting on a terminal, one status line says who holds the key;
+/// not a line when standard error is not a terminal. (`script` gives the
+/// CLI a terminal.)
+#[tokio::test]
+async fn waiting_on_a_terminal_shows_who_holds_the_key() {
+    if std::process::Command::new("script")
+        .arg("--version")
+        .output()
+        .is_err()
+    {
+        eprintln!("skipped: no `script` to give the CLI a terminal");
+        return;
+    }
+    let server = MockServer::start().await;
+    let locks = volcano::Client::builder()
+        .api_url(server.url())
+        .service_key(server.service_key())
+        .build()
+        .unwrap()
+        .locks();
+    // Left to expire (5 s, the shortest TTL): the waiter then gets it.
+    let _held = locks
+        .acquire("report", Duration::from_secs(5))
+        .await
+        .unwrap();
+    let cli = format!(
+        "'{}' locks acquire report --ttl 30 --wait 20s",
+        env!("CARGO_BIN_EXE_volcano")
+    );
+    let output = Command::new("script")
+        .args(["-qec", &cli, "/dev/null"])
+        .env_clear()
+        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
+        .env("VOLCANO_API_URL", server.url())
+        .env("VOLCANO_SERVICE_KEY", server.service_key())
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .unwrap();
+    let seen = String::from_utf8_lossy(&output.stdout);
+    assert_eq!(output.status.code(), Some(0), "{seen}");
+    assert!(
+        seen.contains("waiting for report: held (fencing token 1), expires in"),
+        "{seen}"
+    );
+    assert!(seen.contains("report: held until"), "{seen}");
+
+    // Without a terminal: no status line.
+    let _held = locks
+        .acquire("other", Duration::from_secs(5))
+        .await
+        .unwrap();
+    let plain = volcano(
+        &server,
+        &["locks", "acquire", "other", "--ttl", "30", "--wait", "20s"],
+    )
+    .await;
+    assert_eq!(plain.code, 0, "{}", plain.stderr);
+    assert!(!plain.stderr.contains("waiting for"), "{}", plain.stderr);
+}

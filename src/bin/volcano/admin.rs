@@ -65,7 +65,8 @@ async fn acquire(
     show_token: bool,
 ) -> Result<Value, Failure> {
     let chosen = options.token.is_some();
-    let lease = locks.acquire(key, ttl).with_options(options).await?;
+    let acquiring = locks.acquire(key, ttl).with_options(options).send();
+    let lease = crate::status::while_waiting(locks, key, options.wait.is_some(), acquiring).await?;
     let mut value = lease_json(&lease, show_token);
     if !show_token && !chosen {
         value["note"] = "the generated ownership token is not shown; \

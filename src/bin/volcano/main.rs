@@ -18,6 +18,7 @@ mod exit;
 mod output;
 mod request;
 mod run;
+mod status;
 mod watch;
 
 use std::process::ExitCode;

@@ -138,8 +138,10 @@ async fn acquire(
         .hold(&args.key, args.ttl)
         .with_options(&args.options)
         .given(args.max_hold, Hold::max_hold);
+    let waiting = args.options.wait.is_some();
+    let hold = crate::status::while_waiting(locks, &args.key, waiting, hold.send());
     tokio::select! {
-        held = hold.send() => match held {
+        held = hold => match held {
             Ok(held) => Ok(held),
             Err(err) => {
                 if !matches!(err, Error::Conflict(_) | Error::InvalidArgument(_)) {
