@@ -77,6 +77,15 @@ pub(crate) fn all(events: &[Stamped], server: &Server, end: Duration) -> Vec<Str
     recovery::after_crash(events, &beliefs, server, &jumps, &breaks, &mut violations);
     truth::releases(events, server, &jumps, &mut violations);
     truth::successes(events, server, &mut violations);
+    remaining(events, &grants, server, &jumps, &breaks, &mut violations);
+    for e in events {
+        if let Event::Contract { client, what } = &e.event {
+            violations.push(format!(
+                "guard contract: client {client} at {:?}: {what}",
+                e.at
+            ));
+        }
+    }
     truth::backoff(server, &mut violations);
     let history = history(server, &jumps);
     linear::server(&history, &mut violations);
@@ -276,6 +285,7 @@ fn writes(events: &[Stamped], grants: &[Grant], breaks: &Breaks, out: &mut Vec<S
             key,
             fence,
             accepted: false,
+            ..
         } = &e.event
         {
             let since = granted_at(grants, key, *fence).unwrap_or_default();
@@ -336,5 +346,51 @@ fn fences(grants: &[Grant], out: &mut Vec<String>) {
             ));
         }
         *top = (*top).max(g.fence);
+    }
+}
+
+/// What a guard says is left of its lease never reaches past the server's
+/// expiry of that lease: at a write at `t`, `t + remaining` is no later
+/// than the latest expiry the server had granted it by then.
+fn remaining(
+    events: &[Stamped],
+    grants: &[Grant],
+    server: &Server,
+    jumps: &[(Duration, Duration)],
+    breaks: &Breaks,
+    out: &mut Vec<String>,
+) {
+    for e in events {
+        let Event::Wrote {
+            client,
+            key,
+            fence,
+            remaining,
+            ..
+        } = &e.event
+        else {
+            continue;
+        };
+        let until = server
+            .journal
+            .iter()
+            .filter(|r| &r.key == key && r.fencing_token == Some(*fence))
+            .filter(|r| matches!(r.status, Some(200 | 201)))
+            .filter(|r| matches!(r.operation, Operation::Acquire | Operation::Renew))
+            .filter(|r| sim_time(server, jumps, r.at) <= e.at)
+            .filter_map(|r| r.expires_at)
+            .max()
+            .map(|expires| sim_time(server, jumps, expires));
+        let Some(until) = until else { continue };
+        // A server clock jump since the grant moves the server's expiry
+        // under the guard (by design, not the guard's fault).
+        let since = granted_at(grants, key, *fence).unwrap_or(e.at);
+        if e.at + *remaining > until && !breaks.any(key, since, e.at + *remaining) {
+            out.push(format!(
+                "overstated: client {client}'s guard on {key} (fence {fence}) said {remaining:?} \
+                 was left at {:?}, past the server's expiry at {until:?}",
+                e.at
+            ));
+        }
     }
 }

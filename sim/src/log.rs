@@ -37,7 +37,11 @@ pub(crate) enum Event {
         key: String,
         fence: i64,
         accepted: bool,
+        /// What the guard said was left of its lease then.
+        remaining: Duration,
     },
+    /// A guard broke its own contract (a wrong `ttl()`, say).
+    Contract { client: usize, what: String },
     /// An operation that waits for `key` if it is held, until `until`.
     Waits {
         client: usize,

@@ -76,6 +76,7 @@ impl Program {
             locks: client.locks(),
             log: self.log.clone(),
             gate: self.gate.clone(),
+            ttl_ms: Default::default(),
         };
         for _ in 0..self.steps {
             let key = self.keys[rng.random_range(0..self.keys.len())].clone();
@@ -143,6 +144,8 @@ struct Ctx {
     locks: Locks,
     log: Log,
     gate: Gate,
+    /// The TTL the current operation asked for, in milliseconds.
+    ttl_ms: std::sync::atomic::AtomicU64,
 }
 
 impl Ctx {
@@ -163,6 +166,9 @@ impl Ctx {
         coin: u64,
         all: &[String],
     ) {
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        self.ttl_ms
+            .store(ttl_ms, std::sync::atomic::Ordering::Relaxed);
         let wait = Duration::from_millis(coin % 20_000);
         let locks = &self.locks;
         match op {
@@ -244,6 +250,16 @@ impl Ctx {
     /// on, and ends that belief when the guard is lost or released. The
     /// returned future completes once the end is logged.
     fn believe(&self, guard: &LockGuard) -> impl Future<Output = ()> + 'static {
+        let asked = Duration::from_millis(self.ttl_ms.load(std::sync::atomic::Ordering::Relaxed));
+        if guard.ttl() != asked {
+            self.log.push(Event::Contract {
+                client: self.id,
+                what: format!(
+                    "guard.ttl() is {:?}; the hold asked for {asked:?}",
+                    guard.ttl()
+                ),
+            });
+        }
         let lease = guard.lease();
         let (key, fence) = (lease.key().to_owned(), lease.fencing_token());
         self.log.push(Event::Believes {
@@ -279,12 +295,14 @@ impl Ctx {
         while tokio::time::Instant::now() < end && !any_lost() {
             for guard in guards {
                 let lease = guard.lease();
+                let remaining = guard.remaining();
                 let accepted = self.gate.write(lease.key(), lease.fencing_token());
                 self.log.push(Event::Wrote {
                     client: self.id,
                     key: lease.key().to_owned(),
                     fence: lease.fencing_token(),
                     accepted,
+                    remaining,
                 });
             }
             let lost = guards.iter().map(|g| Box::pin(g.lost()));
