@@ -12,8 +12,8 @@
 
 use std::time::Duration;
 
+use volcano::mock::MockServer;
 use volcano::Client;
-use volcano_mock_server::MockServer;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -25,11 +25,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     } else {
         // Stage a stuck lock on a local mock server.
         let server = MockServer::start().await;
-        let client = Client::builder()
-            .anon_key(server.anon_key())
-            .service_key(server.service_key())
-            .api_url(server.url())
-            .build()?;
+        let client = Client::for_mock(&server);
         let stuck = client
             .locks()
             .acquire("nightly-report", Duration::from_secs(3_600))

@@ -11,8 +11,8 @@
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
+use volcano::mock::MockServer;
 use volcano::{Client, Error};
-use volcano_mock_server::MockServer;
 
 const TTL: Duration = Duration::from_secs(5);
 
@@ -89,10 +89,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         (Some(server), "scheduler")
     };
     let client = || match &server {
-        Some(server) => Client::builder()
-            .service_key(server.service_key())
-            .api_url(server.url())
-            .build(),
+        Some(server) => Ok(Client::for_mock(server)),
         None => Client::from_env(),
     };
 

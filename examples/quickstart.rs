@@ -13,9 +13,9 @@
 
 use std::time::Duration;
 
+use volcano::mock::MockServer;
 use volcano::{Client, Error};
 use volcano_fence::Gate;
-use volcano_mock_server::MockServer;
 
 const TTL: Duration = Duration::from_secs(5);
 
@@ -68,11 +68,7 @@ async fn run() -> Result<(), BoxError> {
         println!(
             "(Set VOLCANO_API_URL, VOLCANO_SERVICE_KEY and VOLCANO_ANON_KEY to use a real one.)\n"
         );
-        let client = Client::builder()
-            .anon_key(server.anon_key())
-            .service_key(server.service_key())
-            .api_url(server.url())
-            .build()?;
+        let client = Client::for_mock(&server);
         (client, Some(server), "daily-report")
     };
     let locks = client.locks();

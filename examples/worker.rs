@@ -17,9 +17,9 @@
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use volcano::mock::MockServer;
 use volcano::{Client, Error, LockGuard};
 use volcano_fence::Gate;
-use volcano_mock_server::MockServer;
 
 /// The job's output, behind a fence gate (`volcano_fence::Gate`): a
 /// chunk carrying a fencing token older than the newest accepted one is
@@ -140,11 +140,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         (Client::from_env()?, None, "volcano-example-worker")
     } else {
         let server = MockServer::start().await;
-        let client = Client::builder()
-            .anon_key(server.anon_key())
-            .service_key(server.service_key())
-            .api_url(server.url())
-            .build()?;
+        let client = Client::for_mock(&server);
         println!("(in-process mock lock server at {})", server.url());
         (client, Some(server), "nightly-report")
     };

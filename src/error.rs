@@ -295,7 +295,7 @@ impl fmt::Display for LostReason {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(match self {
             LostReason::RenewalFailed => "renewal failed",
-            LostReason::Expired => "lease expired before renewal completed",
+            LostReason::Expired => "lease expired (its local deadline passed)",
             LostReason::NoSafeWindow => "renewal returned no safe lease window",
             LostReason::Marked => "marked lost",
             LostReason::MaxHold => "held for its max hold time; released",

@@ -129,6 +129,7 @@ const _: () = {
 /// with [`Client::for_mock`]; see `docs/testing.md`.
 #[cfg(feature = "mock")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mock")))]
+#[doc(inline)]
 pub use volcano_mock_server as mock;
 
 /// Hooks for the micro-benchmarks (`cargo bench --features bench --bench

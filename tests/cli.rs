@@ -560,3 +560,31 @@ async fn waiting_on_a_terminal_shows_who_holds_the_key() {
     assert_eq!(plain.code, 0, "{}", plain.stderr);
     assert!(!plain.stderr.contains("waiting for"), "{}", plain.stderr);
 }
+
+#[tokio::test]
+async fn usage_errors_say_what_a_key_may_be_and_key_has_help() {
+    let server = MockServer::start().await;
+    let dashed = volcano(&server, &["locks", "get", "-lock"]).await;
+    assert_eq!(dashed.code, 2, "{}", dashed.stderr);
+    assert!(
+        dashed.stderr.contains("a KEY cannot start with '-'"),
+        "{}",
+        dashed.stderr
+    );
+    let help = volcano(&server, &["locks", "run", "--help"]).await;
+    assert_eq!(help.code, 0);
+    assert!(
+        help.stdout.contains("The lock key: 1 to 128 letters"),
+        "{}",
+        help.stdout
+    );
+    let ttl = volcano(&server, &["locks", "acquire", "k", "--ttl", "1.5"]).await;
+    assert_eq!(ttl.code, 2);
+    assert!(
+        ttl.stderr.contains("whole seconds") && ttl.stderr.contains("got 1.5 s"),
+        "{}",
+        ttl.stderr
+    );
+    let zero = volcano(&server, &["locks", "acquire", "k", "--ttl", "0"]).await;
+    assert!(zero.stderr.contains("got 0 s"), "{}", zero.stderr);
+}

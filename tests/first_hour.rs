@@ -212,7 +212,35 @@ async fn a_lost_lock_reads_once_with_its_cause() {
     assert_eq!(err.status(), Some(409));
     assert_eq!(
         LostReason::Expired.to_string(),
-        "lease expired before renewal completed"
+        "lease expired (its local deadline passed)"
+    );
+}
+
+/// A loss before any renewal was due says that the clock jumped, not that
+/// a renewal was too slow.
+#[tokio::test]
+async fn a_loss_before_any_renewal_says_the_clock_jumped() {
+    let server = MockServer::start().await;
+    let clock = volcano::LeaseClock::adjustable();
+    let client = Client::builder()
+        .api_url(server.url())
+        .service_key(server.service_key())
+        .lease_clock(clock.clone())
+        .build()
+        .unwrap();
+    let held = client
+        .locks()
+        .hold("job", Duration::from_secs(30))
+        .await
+        .unwrap();
+    clock.advance(Duration::from_secs(31));
+    assert!(held.is_lost());
+    let text = held.failure().unwrap().to_string();
+    assert_eq!(
+        text,
+        "lock \"job\" lost: lease expired (its local deadline passed) (no renewal was due yet: \
+         the lease clock jumped past the deadline; the process was suspended or stalled, or \
+         LeaseClock::advance moved it)"
     );
 }
 

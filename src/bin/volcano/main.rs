@@ -24,7 +24,7 @@ mod watch;
 use std::process::ExitCode;
 use std::time::Duration;
 
-use clap::Parser;
+use clap::Parser as _;
 use serde_json::Value;
 use volcano::{Client, Locks};
 
@@ -44,7 +44,10 @@ enum Done {
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() -> ExitCode {
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(err) => return usage(err),
+    };
     let format = cli.output;
     match execute(cli).await {
         Ok(Done::Value(value)) => {
@@ -122,6 +125,22 @@ async fn execute(cli: Cli) -> Result<Done, Failure> {
             .map(|_| Done::Watched),
         command => admin::execute(&locks, command).await.map(Done::Value),
     }
+}
+
+/// clap's message for a bad command line (exit 2; help and version exit
+/// 0), with a hint when an argument that starts with `-` was taken for an
+/// unknown flag: a key cannot start with `-`, and a value that does goes
+/// after `--`.
+fn usage(err: clap::Error) -> ExitCode {
+    let unknown = err.kind() == clap::error::ErrorKind::UnknownArgument;
+    let _ = err.print();
+    if unknown {
+        eprintln!(
+            "\nnote: lock keys start with a letter or digit, so a KEY cannot start with '-'; \
+             to pass any other value that starts with '-', put it after `--`"
+        );
+    }
+    ExitCode::from(u8::try_from(err.exit_code()).unwrap_or(exit::INVALID))
 }
 
 /// The client, from the flags and the environment. Without a service key

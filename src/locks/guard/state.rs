@@ -35,6 +35,14 @@ fn deadline(measured: &Measured, ttl: Duration, cap: Duration) -> Duration {
     measured.sent_at.saturating_add(lasts).min(cap)
 }
 
+/// The detail of an expiry with no renewal sent since the lease was
+/// measured.
+const JUMPED: &str = "no renewal was due yet: the lease clock jumped past the deadline; \
+    the process was suspended or stalled, or LeaseClock::advance moved it";
+
+/// The detail of an expiry with a renewal sent that had not completed.
+const RENEWAL_TOO_LATE: &str = "a renewal was sent but did not complete in time";
+
 /// What is known about the lease now; changes with each renewal.
 struct Current {
     lease: LockLease,
@@ -44,6 +52,10 @@ struct Current {
     /// A renewal was sent and its outcome is not known yet (in flight, or
     /// abandoned in flight): the server may hold the lease a whole ttl.
     renewal_unsettled: bool,
+    /// A renewal was sent since the lease was last measured: an expiry
+    /// without one means the clock jumped past the renewal's time and the
+    /// deadline at once (a suspend, a stall), not a renewal too slow.
+    renewal_tried: bool,
     /// The clock's jumps (suspends, test advances): a sleeper wakes on one
     /// to look at the deadline again. Dropped once the lock is lost, so a
     /// guard kept afterwards does not keep the suspend detector running.
@@ -103,6 +115,7 @@ impl State {
                 lease: acquired.lease,
                 failure: None,
                 renewal_unsettled: false,
+                renewal_tried: false,
                 jumps: Some(clock.jumps()),
             }),
             clock,
@@ -190,18 +203,19 @@ impl State {
     /// max hold time (recorded as such). Reads the clock itself, so it
     /// holds even when no task has run.
     pub(super) fn check(&self) -> bool {
-        let deadline = {
+        let (deadline, tried) = {
             let current = self.current();
             if current.failure.is_some() {
                 return true;
             }
-            current.deadline
+            (current.deadline, current.renewal_tried)
         };
         // An expiry first: past its deadline the lease may be another's,
         // whatever the cap says.
         let now = self.clock.now();
         if now >= deadline {
-            self.mark(LockLost::new(self.key.clone(), LostReason::Expired));
+            let detail = if tried { RENEWAL_TOO_LATE } else { JUMPED };
+            self.mark(LockLost::new(self.key.clone(), LostReason::Expired).with_detail(detail));
             return true;
         }
         if self.max_hold.as_ref().is_some_and(|cap| now >= cap.at) {
@@ -223,7 +237,9 @@ impl State {
     /// Records that a renewal is being sent (its outcome unknown until
     /// [`State::renewal_settled`]).
     pub(super) fn renewal_sent(&self) {
-        self.current().renewal_unsettled = true;
+        let mut current = self.current();
+        current.renewal_unsettled = true;
+        current.renewal_tried = true;
     }
 
     /// Records that the renewal sent was answered.
@@ -247,6 +263,7 @@ impl State {
         }
         current.deadline = deadline(&renewed, self.ttl, self.cap);
         current.lease = renewed.lease;
+        current.renewal_tried = false;
         let left = current.deadline.saturating_sub(self.clock.now());
         drop(current);
         if left <= SAFETY_MARGIN + REQUEST_BUDGET {
