@@ -37,6 +37,12 @@ fn report(driver: &str, plain: Vec<Duration>, fenced: Vec<Duration>) {
 async fn tokio_postgres_rounds(url: &str) {
     let (mut db, connection) = tokio_postgres::connect(url, NoTls).await.unwrap();
     tokio::spawn(connection);
+    let mut settings = Vec::new();
+    for name in ["server_version", "fsync", "synchronous_commit"] {
+        let row = db.query_one(&format!("SHOW {name}"), &[]).await.unwrap();
+        settings.push(format!("{name} {}", row.get::<_, String>(0)));
+    }
+    println!("  server: {}", settings.join(", "));
     db.batch_execute(
         "DROP SCHEMA IF EXISTS bench_tp CASCADE; CREATE SCHEMA bench_tp;
          CREATE TABLE bench_tp.item (id int PRIMARY KEY, n bigint NOT NULL);
