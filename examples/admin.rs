@@ -17,7 +17,7 @@ use volcano::Client;
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let (client, _mock, key) = if std::env::var_os(volcano::ENV_API_URL).is_some() {
+    let (client, _mock, key) = if configured() {
         let key = std::env::args()
             .nth(1)
             .ok_or("usage: admin <lock-key> (with VOLCANO_API_URL set)")?;
@@ -66,4 +66,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         }
     );
     Ok(())
+}
+
+/// Whether the environment names a lock service: `VOLCANO_API_URL` or
+/// `VOLCANO_SERVICE_KEY` set. Only when neither is does this example run on
+/// an in-process mock server. (In your app, keep the SDK's `mock` feature
+/// under `[dev-dependencies]`: a mock is for tests.)
+fn configured() -> bool {
+    [volcano::ENV_API_URL, volcano::ENV_SERVICE_KEY]
+        .iter()
+        .any(|name| std::env::var_os(name).is_some_and(|v| !v.is_empty()))
 }

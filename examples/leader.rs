@@ -81,7 +81,7 @@ fn replica(
 
 #[tokio::main]
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
-    let (server, key) = if std::env::var_os(volcano::ENV_API_URL).is_some() {
+    let (server, key) = if configured() {
         (None, "volcano-example-scheduler")
     } else {
         let server = MockServer::start().await;
@@ -146,4 +146,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         runtime.shutdown_background();
     }
     Ok(())
+}
+
+/// Whether the environment names a lock service: `VOLCANO_API_URL` or
+/// `VOLCANO_SERVICE_KEY` set. Only when neither is does this example run on
+/// an in-process mock server. (In your app, keep the SDK's `mock` feature
+/// under `[dev-dependencies]`: a mock is for tests.)
+fn configured() -> bool {
+    [volcano::ENV_API_URL, volcano::ENV_SERVICE_KEY]
+        .iter()
+        .any(|name| std::env::var_os(name).is_some_and(|v| !v.is_empty()))
 }

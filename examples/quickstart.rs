@@ -5,9 +5,9 @@
 //! cargo run --example quickstart
 //! ```
 //!
-//! With no `VOLCANO_*` environment it starts an in-process mock lock server.
-//! With `VOLCANO_API_URL`, `VOLCANO_SERVICE_KEY` and `VOLCANO_ANON_KEY` set it
-//! talks to that server instead (lock key `volcano-quickstart-daily-report`,
+//! With neither `VOLCANO_API_URL` nor `VOLCANO_SERVICE_KEY` set it starts an
+//! in-process mock lock server. With them (and `VOLCANO_ANON_KEY`) set it
+//! talks to that service instead (lock key `volcano-quickstart-daily-report`,
 //! so it never touches a real job's lock). `RUST_LOG=volcano=debug` shows
 //! the SDK's own log lines.
 
@@ -55,14 +55,14 @@ async fn run() -> Result<(), BoxError> {
     println!("=========================\n");
 
     // Either the real service from the environment, or a local mock.
-    let (client, mock, key) = if std::env::var_os(volcano::ENV_API_URL).is_some() {
+    let (client, mock, key) = if configured() {
         let client = Client::from_env()?;
         println!("Using the lock service at {}.\n", client.api_url());
         (client, None, "volcano-quickstart-daily-report")
     } else {
         let server = MockServer::start().await;
         println!(
-            "No VOLCANO_API_URL set: started an in-process mock lock server at {}.",
+            "No VOLCANO_API_URL or VOLCANO_SERVICE_KEY set: started an in-process mock lock server at {}.",
             server.url()
         );
         println!(
@@ -202,13 +202,23 @@ async fn run() -> Result<(), BoxError> {
     Ok(())
 }
 
+/// Whether the environment names a lock service: `VOLCANO_API_URL` or
+/// `VOLCANO_SERVICE_KEY` set. Only when neither is does this example run on
+/// an in-process mock server. (In your app, keep the SDK's `mock` feature
+/// under `[dev-dependencies]`: a mock is for tests.)
+fn configured() -> bool {
+    [volcano::ENV_API_URL, volcano::ENV_SERVICE_KEY]
+        .iter()
+        .any(|name| std::env::var_os(name).is_some_and(|v| !v.is_empty()))
+}
+
 #[cfg(test)]
 mod tests {
     #[tokio::test]
     async fn the_story_runs_on_the_mock_server() {
         assert!(
-            std::env::var_os(volcano::ENV_API_URL).is_none(),
-            "unset VOLCANO_API_URL to test"
+            !super::configured(),
+            "unset VOLCANO_API_URL and VOLCANO_SERVICE_KEY to test"
         );
         super::run().await.unwrap();
     }

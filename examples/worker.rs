@@ -136,7 +136,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         .and_then(|v| v.parse().ok())
         .unwrap_or(5);
 
-    let (client, _mock, key) = if std::env::var_os(volcano::ENV_API_URL).is_some() {
+    let (client, _mock, key) = if configured() {
         (Client::from_env()?, None, "volcano-example-worker")
     } else {
         let server = MockServer::start().await;
@@ -172,4 +172,14 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         store.gate.highest_seen("report").unwrap_or_default()
     );
     Ok(())
+}
+
+/// Whether the environment names a lock service: `VOLCANO_API_URL` or
+/// `VOLCANO_SERVICE_KEY` set. Only when neither is does this example run on
+/// an in-process mock server. (In your app, keep the SDK's `mock` feature
+/// under `[dev-dependencies]`: a mock is for tests.)
+fn configured() -> bool {
+    [volcano::ENV_API_URL, volcano::ENV_SERVICE_KEY]
+        .iter()
+        .any(|name| std::env::var_os(name).is_some_and(|v| !v.is_empty()))
 }

@@ -73,10 +73,12 @@ impl ReplyBody for reqwest::Response {
 
 /// What reqwest says went wrong, without the URL (it names the key).
 fn wire_error(err: reqwest::Error) -> WireError {
-    let kind = if err.is_timeout() {
-        TransportKind::Timeout
-    } else if err.is_connect() {
+    // A connection that timed out is still one that was never made:
+    // nothing was sent.
+    let kind = if err.is_connect() {
         TransportKind::Connect
+    } else if err.is_timeout() {
+        TransportKind::Timeout
     } else {
         TransportKind::Io
     };

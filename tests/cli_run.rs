@@ -299,6 +299,13 @@ async fn a_held_lock_can_be_a_quiet_skip_for_cron() {
         skipped.stderr
     );
     assert!(skipped.stdout.is_empty());
+    let json = ended(run(&["--held-exit-code", "0", "--output", "json"])).await;
+    assert_eq!(json.code, Some(0));
+    let said: Value = serde_json::from_str(json.stderr.trim()).unwrap();
+    assert_eq!(
+        (said["skipped"].as_bool(), said["exit_code"].as_u64()),
+        (Some(true), Some(0))
+    );
     // Quiet: nothing at all, whatever the code.
     let quiet = ended(run(&["--held-exit-code", "75", "--quiet"])).await;
     assert_eq!(quiet.code, Some(75));

@@ -95,14 +95,16 @@ async fn release(
     request_id: Option<String>,
 ) -> Result<Value, Failure> {
     // The service answers 204 also when no lease is there: look first, so
-    // that a lease already gone (expired, force-released) is said.
-    let before = locks.get(&key).await?;
+    // that a lease already gone (expired, force-released) is said. A look
+    // that fails does not stop the release.
+    let before = locks.get(&key).await.ok().map(|state| state.held());
     let lease = lease_of(&key, token);
     locks.release(&lease).with_request_id(request_id).await?;
-    if !before.held() {
-        return Ok(json!({ "key": key, "released": false, "was_held": false }));
-    }
-    Ok(json!({ "key": key, "released": true }))
+    Ok(match before {
+        Some(false) => json!({ "key": key, "released": false, "was_held": false }),
+        Some(true) => json!({ "key": key, "released": true }),
+        None => json!({ "key": key, "released": true, "was_held": null }),
+    })
 }
 
 /// Warns, looks at the lock, asks for the key to be typed back unless

@@ -132,7 +132,8 @@ pub(crate) enum LockCommand {
         key: String,
         /// Exit with this code instead of 3 when the lock is held elsewhere
         /// (0 makes a skip a success: cron mails nothing), printing one line
-        /// at most.
+        /// at most. Codes 1 to 10 are also the CLI's own; 0 or one above
+        /// them (75, EX_TEMPFAIL, say) keeps a skip apart.
         #[arg(long, value_name = "N")]
         held_exit_code: Option<u8>,
         /// When the lock is held elsewhere, print nothing at all.
@@ -189,7 +190,8 @@ pub(crate) enum LockCommand {
         ids: RequestId,
     },
     /// Print a line each time a key changes (acquired, renewed, released,
-    /// expired) until interrupted; JSON lines with --output json.
+    /// expired, or "ended" when freed within a second of its expiry) until
+    /// interrupted; JSON lines with --output json.
     ///
     /// One request every --interval, the keys in turn (the default, 2s, is
     /// 30 requests a minute: 5% of a 600/min project quota); a 429 slows it
@@ -237,7 +239,7 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
     let (number, unit) = text.split_at(split);
     let like = || format!("{text:?} is not a duration like 30s, 1.5s, 500ms or 5m");
     let (whole, fraction) = number.split_once('.').unwrap_or((number, ""));
-    if whole.is_empty() && fraction.is_empty() || fraction.contains('.') {
+    if whole.is_empty() && fraction.is_empty() || fraction.contains('.') || fraction.len() > 9 {
         return Err(like());
     }
     let whole: u64 = if whole.is_empty() {
@@ -245,18 +247,14 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
     } else {
         whole.parse().map_err(|_| like())?
     };
-    // The fraction, in thousandths (finer digits must be zero).
-    let digits = fraction.len();
-    if fraction.bytes().skip(3).any(|d| d != b'0') {
-        return Err(format!("{text:?} is finer than a millisecond"));
-    }
-    let milli_fraction: u64 = format!("{:0<3}", &fraction[..digits.min(3)])
-        .parse()
-        .map_err(|_| like())?;
+    let fraction_value: u64 = if fraction.is_empty() {
+        0
+    } else {
+        fraction.parse().map_err(|_| like())?
+    };
     let per_unit_ms: u64 = match unit {
         "" | "s" => 1_000,
-        "ms" if fraction.is_empty() => 1,
-        "ms" => return Err(format!("{text:?}: milliseconds are whole (use 1500ms or 1.5s)")),
+        "ms" => 1,
         "m" => 60_000,
         "h" => 3_600_000,
         "d" => 86_400_000,
@@ -266,10 +264,17 @@ fn parse_duration(text: &str) -> Result<Duration, String> {
             ))
         }
     };
+    // The fraction of a unit, in milliseconds: it must come out whole.
+    let scale = 10_u64.pow(fraction.len() as u32);
+    let fraction_ms = fraction_value * per_unit_ms;
+    if fraction_ms % scale != 0 {
+        return Err(format!("{text:?} is finer than a millisecond"));
+    }
+    let milli_fraction = fraction_ms / scale;
     let too_long = || format!("{text:?} is too long");
     let ms = whole
         .checked_mul(per_unit_ms)
-        .and_then(|ms| ms.checked_add(milli_fraction * per_unit_ms / 1_000))
+        .and_then(|ms| ms.checked_add(milli_fraction))
         .ok_or_else(too_long)?;
     if ms > 400 * 86_400_000 {
         return Err(too_long());

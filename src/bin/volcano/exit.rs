@@ -22,6 +22,8 @@ pub(crate) struct Failure {
     pub(crate) error: Option<Box<Error>>,
     /// Print nothing (a quiet skip).
     pub(crate) silent: bool,
+    /// A skip (`--held-exit-code`), not an error: JSON says so.
+    pub(crate) skipped: bool,
 }
 
 impl From<Error> for Failure {
@@ -49,6 +51,7 @@ impl From<Error> for Failure {
             message,
             error: Some(Box::new(error)),
             silent: false,
+            skipped: false,
         }
     }
 }
@@ -60,6 +63,7 @@ pub(crate) fn fail(code: u8, message: impl Into<String>) -> Failure {
         message: message.into(),
         error: None,
         silent: false,
+        skipped: false,
     }
 }
 

@@ -132,7 +132,12 @@ async fn execute(cli: Cli) -> Result<Done, Failure> {
 /// unknown flag: a key cannot start with `-`, and a value that does goes
 /// after `--`.
 fn usage(err: clap::Error) -> ExitCode {
-    let unknown = err.kind() == clap::error::ErrorKind::UnknownArgument;
+    // Only a single-dash word (`-lock`), not a misspelt `--flag`.
+    let dashed_word = matches!(
+        err.get(clap::error::ContextKind::InvalidArg),
+        Some(clap::error::ContextValue::String(arg)) if !arg.starts_with("--")
+    );
+    let unknown = err.kind() == clap::error::ErrorKind::UnknownArgument && dashed_word;
     let _ = err.print();
     if unknown {
         eprintln!(
@@ -156,11 +161,14 @@ fn connect(
         .api_url(api_url)
         .timeout(timeout)
         .allow_insecure_http(allow_insecure_http);
-    if allow_insecure_http && crosses_network_in_clear(api_url) {
+    if let Some(origin) = crosses_network_in_clear(api_url).filter(|_| allow_insecure_http) {
         eprintln!(
-            "volcano: warning: --allow-insecure-http: the service key goes to {api_url} in clear \
+            "volcano: warning: --allow-insecure-http: the service key goes to {origin} in clear \
              text (and through any HTTP proxy)"
         );
+    }
+    if timeout.is_zero() {
+        return Err(fail(exit::INVALID, "--timeout must be above 0"));
     }
     match service_key {
         Some(key) => builder = builder.service_key(key),
@@ -178,18 +186,23 @@ fn connect(
     builder.build().map_err(Failure::from)
 }
 
-/// Whether `api_url` is plain http to a host off loopback.
-fn crosses_network_in_clear(api_url: &str) -> bool {
-    let Ok(url) = reqwest::Url::parse(api_url) else {
-        return false;
+/// The origin (`http://host:port`, nothing else of the URL) when `api_url`
+/// is plain http to a host off loopback.
+fn crosses_network_in_clear(api_url: &str) -> Option<String> {
+    let url = reqwest::Url::parse(api_url).ok()?;
+    let loopback = match url.host()? {
+        url::Host::Domain(name) => name.eq_ignore_ascii_case("localhost"),
+        url::Host::Ipv4(ip) => ip.is_loopback(),
+        url::Host::Ipv6(ip) => ip.is_loopback(),
     };
-    let loopback = match url.host() {
-        Some(url::Host::Domain(name)) => name.eq_ignore_ascii_case("localhost"),
-        Some(url::Host::Ipv4(ip)) => ip.is_loopback(),
-        Some(url::Host::Ipv6(ip)) => ip.is_loopback(),
-        None => false,
-    };
-    url.scheme() == "http" && !loopback
+    if url.scheme() != "http" || loopback {
+        return None;
+    }
+    let host = url.host_str()?;
+    Some(match url.port_or_known_default() {
+        Some(port) => format!("http://{host}:{port}"),
+        None => format!("http://{host}"),
+    })
 }
 
 /// `locks run`, then the client's shutdown: anything handed to the

@@ -102,6 +102,12 @@ pub(crate) fn report(output: Output, failure: &Failure) {
     if failure.silent {
         return;
     }
+    if failure.skipped && output == Output::Json {
+        let value =
+            json!({ "skipped": true, "message": failure.message, "exit_code": failure.code });
+        eprintln!("{value}");
+        return;
+    }
     let error = failure.error.as_deref();
     let status = error.and_then(Error::status);
     let code = error.and_then(Error::code);

@@ -51,10 +51,14 @@ impl WhenHeld {
             return Failure::from(err);
         }
         let mut failure = match self.exit_code {
-            Some(code) => fail(
-                code,
-                format!("{key} is held elsewhere; skipped (the command was not started)"),
-            ),
+            Some(code) => {
+                let mut skip = fail(
+                    code,
+                    format!("{key} is held elsewhere; skipped (the command was not started)"),
+                );
+                skip.skipped = true;
+                skip
+            }
             None => Failure::from(err),
         };
         failure.silent = self.quiet;

@@ -1,7 +1,8 @@
 //! While `acquire --wait` or `run --wait` waits on a terminal: one status
 //! line on standard error, redrawn every few seconds, saying who holds the
 //! key (its fencing token) and for how long. Nothing when standard error
-//! is not a terminal. Its own reads cost about 12 requests a minute.
+//! is not a terminal. Its own reads cost about 6 requests a minute (fewer
+//! after a 429); the line is kept short and cleared however the wait ends.
 
 use std::future::Future;
 use std::io::IsTerminal;
@@ -10,7 +11,7 @@ use std::time::{Duration, Instant};
 use volcano::Locks;
 
 /// How often the line is redrawn (and the key read).
-const EVERY: Duration = Duration::from_secs(5);
+const EVERY: Duration = Duration::from_secs(10);
 /// No line at all for a wait shorter than this.
 const FIRST_AFTER: Duration = Duration::from_secs(1);
 
@@ -26,31 +27,55 @@ pub(crate) async fn while_waiting<T>(
         return wait.await;
     }
     let started = Instant::now();
-    let mut shown = false;
+    let line = Line::default();
     let status = async {
         tokio::time::sleep(FIRST_AFTER).await;
         loop {
-            if let Ok(state) = locks.get(key).await {
-                let waited = started.elapsed().as_secs();
-                let line = match (state.fencing_token(), state.expires_at()) {
-                    (Some(fence), Some(expires)) if state.held() => {
-                        let left = (expires - chrono::Utc::now()).num_seconds().max(0);
-                        format!("held (fencing token {fence}), expires in {left} s")
-                    }
-                    _ => "free; acquiring".to_owned(),
-                };
-                eprint!("\r\x1b[2Kvolcano: waiting for {key}: {line} (waited {waited} s)");
-                shown = true;
-            }
-            tokio::time::sleep(EVERY).await;
+            let pause = match locks.get(key).await {
+                Ok(state) => {
+                    let waited = started.elapsed().as_secs();
+                    let now = match (state.fencing_token(), state.expires_at()) {
+                        (Some(fence), Some(expires)) if state.held() => {
+                            let left = (expires - chrono::Utc::now()).num_seconds().max(0);
+                            format!("held, fencing token {fence}, ~{left} s left")
+                        }
+                        _ => "free; acquiring".to_owned(),
+                    };
+                    line.show(&format!("volcano: waiting {waited} s: {now}"));
+                    EVERY
+                }
+                Err(err) => EVERY.max(err.retry_after().unwrap_or_default()),
+            };
+            tokio::time::sleep(pause).await;
         }
     };
-    let result = tokio::select! {
+    tokio::select! {
         result = wait => result,
         () = status => unreachable!("the status loop never ends"),
-    };
-    if shown {
-        eprint!("\r\x1b[2K");
     }
-    result
+    // `line` clears what it showed when dropped: here, or when this
+    // future is dropped mid-wait (a signal).
+}
+
+/// The status line on standard error; cleared when dropped.
+#[derive(Default)]
+struct Line {
+    shown: std::cell::Cell<bool>,
+}
+
+impl Line {
+    fn show(&self, text: &str) {
+        // Short enough for one row of a narrow terminal (no key in it: a
+        // key can be 128 characters), so `\r` and a clear redraw it all.
+        eprint!("\r\x1b[2K{}", text.chars().take(78).collect::<String>());
+        self.shown.set(true);
+    }
+}
+
+impl Drop for Line {
+    fn drop(&mut self) {
+        if self.shown.get() {
+            eprint!("\r\x1b[2K");
+        }
+    }
 }

@@ -1,5 +1,7 @@
 //! `locks watch KEY...`: a line per change of each key (acquired, renewed,
-//! released, expired) until interrupted. One `get` every `--interval`
+//! released, expired; "ended" when it was freed within a second of its
+//! expiry, which this machine's clock cannot tell apart) until
+//! interrupted or nobody reads the output. One `get` every `--interval`
 //! (default 2 s: 30 requests a minute, 5 % of a 600/min project quota),
 //! the keys in turn; a 429 doubles the interval (up to a minute) after
 //! waiting out its `Retry-After`.
@@ -8,7 +10,7 @@ use std::time::Duration;
 
 use chrono::{DateTime, SecondsFormat, Utc};
 use serde_json::json;
-use volcano::{Error, LockState, Locks};
+use volcano::{LockState, Locks};
 
 use crate::args::Output;
 use crate::child::Signals;
@@ -18,6 +20,12 @@ use crate::exit::{fail, Failure, INVALID};
 pub(crate) const MIN_INTERVAL: Duration = Duration::from_millis(100);
 /// The longest, after 429s.
 const MAX_INTERVAL: Duration = Duration::from_secs(60);
+
+/// How far this machine's clock may be from the service's before a
+/// release and an expiry are told apart.
+const SKEW: chrono::TimeDelta = chrono::TimeDelta::seconds(1);
+/// The longest wait a `Retry-After` can ask for here.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(3_600);
 
 /// What `watch` last saw of a key.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -42,10 +50,14 @@ fn change(before: Last, now: Option<Seen>, at: DateTime<Utc>) -> Option<&'static
         (Last::Unseen, None) => Some("free"),
         (Last::Saw(None), Some(_)) => Some("acquired"),
         (Last::Saw(Some(old)), Some(new)) if old.fence != new.fence => Some("acquired"),
-        (Last::Saw(Some(old)), Some(new)) if new.expires_at > old.expires_at => Some("renewed"),
+        // A renewal moves the expiry, later or (a shorter TTL) sooner.
+        (Last::Saw(Some(old)), Some(new)) if new.expires_at != old.expires_at => Some("renewed"),
         // Freed before its expiry: its holder released it, or someone
         // force-released it (the service does not say which).
-        (Last::Saw(Some(old)), None) if at < old.expires_at => Some("released"),
+        // Freed within a second of its expiry (on this machine's clock,
+        // which may differ from the service's): either.
+        (Last::Saw(Some(old)), None) if at + SKEW < old.expires_at => Some("released"),
+        (Last::Saw(Some(old)), None) if at < old.expires_at + SKEW => Some("ended"),
         (Last::Saw(Some(_)), None) => Some("expired"),
         _ => None,
     }
@@ -58,32 +70,38 @@ fn seen(state: &LockState) -> Option<Seen> {
     }
 }
 
-fn print(output: Output, key: &str, event: &str, state: Option<Seen>, at: DateTime<Utc>) {
+/// One line on standard output; `false` once nobody reads it (a closed
+/// pipe: `watch ... | head -1`).
+fn print(output: Output, key: &str, event: &str, state: Option<Seen>, at: DateTime<Utc>) -> bool {
+    use std::io::Write as _;
     let stamp = |t: DateTime<Utc>| t.to_rfc3339_opts(SecondsFormat::Millis, true);
-    if output == Output::Json {
-        let value = json!({
+    let line = if output == Output::Json {
+        json!({
             "at": stamp(at),
             "key": key,
             "event": event,
             "fencing_token": state.map(|s| s.fence),
             "expires_at": state.map(|s| stamp(s.expires_at)),
-        });
-        println!("{value}");
-        return;
-    }
-    match (event, state) {
-        ("released", _) => println!(
-            "{} {key} released (by its holder, or force-released)",
-            stamp(at)
-        ),
-        (_, Some(s)) => println!(
-            "{} {key} {event}: fencing token {}, expires {}",
-            stamp(at),
-            s.fence,
-            stamp(s.expires_at)
-        ),
-        (_, None) => println!("{} {key} {event}", stamp(at)),
-    }
+        })
+        .to_string()
+    } else {
+        match (event, state) {
+            ("released", Some(s)) => format!(
+                "{} {key} released (fencing token {}; by its holder, or force-released)",
+                stamp(at),
+                s.fence
+            ),
+            (_, Some(s)) => format!(
+                "{} {key} {event}: fencing token {}, expires {}",
+                stamp(at),
+                s.fence,
+                stamp(s.expires_at)
+            ),
+            (_, None) => format!("{} {key} {event}", stamp(at)),
+        }
+    };
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{line}").and_then(|()| out.flush()).is_ok()
 }
 
 /// Watches `keys` until a signal; exit 0 then.
@@ -99,6 +117,9 @@ pub(crate) async fn watch(
     let mut signals = Signals::install()?;
     let mut last = vec![Last::Unseen; keys.len()];
     let mut pause = interval;
+    // Every key is looked at once before anything is printed: a bad key
+    // fails the command before the others print a line.
+    let mut first: Vec<Option<LockState>> = vec![None; keys.len()];
     for index in (0..keys.len()).cycle() {
         let key = &keys[index];
         let result = tokio::select! {
@@ -106,27 +127,53 @@ pub(crate) async fn watch(
             _ = signals.next() => break,
         };
         pause = match result {
+            Ok(state)
+                if matches!(last[index], Last::Unseen) && first.iter().any(Option::is_none) =>
+            {
+                first[index] = Some(state);
+                if first.iter().all(Option::is_some) {
+                    let at = Utc::now();
+                    for (index, state) in first.iter().enumerate() {
+                        let now = state.as_ref().and_then(seen);
+                        let event = change(Last::Unseen, now, at).unwrap_or("free");
+                        if !print(output, &keys[index], event, now, at) {
+                            return Ok(serde_json::Value::Null);
+                        }
+                        last[index] = Last::Saw(now);
+                    }
+                }
+                interval
+            }
             Ok(state) => {
                 let now = seen(&state);
                 let at = Utc::now();
-                if let Some(event) = change(last[index], now, at) {
-                    print(output, key, event, now, at);
+                let before = last[index];
+                if let Some(event) = change(before, now, at) {
+                    // A lease that ended is named by the one seen before.
+                    let named = match before {
+                        Last::Saw(old) if now.is_none() => old,
+                        _ => now,
+                    };
+                    if !print(output, key, event, named, at) {
+                        break;
+                    }
                 }
                 last[index] = Last::Saw(now);
                 interval
             }
             // A bad key, bad credentials: trying again will not help.
             Err(err) if !err.is_transient() => return Err(Failure::from(err)),
+            // Any other failure slows the watch down (up to a minute, or the
+            // interval if longer), after waiting out a `Retry-After`.
             Err(err) => {
-                let wait = err.retry_after().unwrap_or(Duration::ZERO);
-                let slower = if matches!(err, Error::RateLimited(_)) {
-                    (pause * 2).min(MAX_INTERVAL)
-                } else {
-                    pause
-                };
+                let wait = err
+                    .retry_after()
+                    .unwrap_or(Duration::ZERO)
+                    .min(MAX_RETRY_AFTER);
+                let slower = pause.saturating_mul(2).min(MAX_INTERVAL.max(interval));
                 eprintln!(
-                    "volcano: watch: get {key} failed ({err}); next try in {} s",
-                    (wait + slower).as_secs_f32()
+                    "volcano: watch: get {key} failed ({err}); next try in {:.1} s",
+                    wait.saturating_add(slower).as_secs_f32()
                 );
                 tokio::select! {
                     () = tokio::time::sleep(wait) => {}
@@ -169,8 +216,13 @@ mod tests {
             change(saw(lease(1, 10)), lease(2, 15), t(1)),
             Some("acquired")
         );
+        assert_eq!(
+            change(saw(lease(1, 10)), lease(1, 8), t(1)),
+            Some("renewed")
+        );
         assert_eq!(change(saw(lease(1, 10)), None, t(5)), Some("released"));
-        assert_eq!(change(saw(lease(1, 10)), None, t(11)), Some("expired"));
+        assert_eq!(change(saw(lease(1, 10)), None, t(10)), Some("ended"));
+        assert_eq!(change(saw(lease(1, 10)), None, t(12)), Some("expired"));
         assert_eq!(change(saw(None), None, t(11)), None);
     }
 }
