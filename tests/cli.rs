@@ -514,12 +514,7 @@ async fn waiting_on_a_terminal_shows_who_holds_the_key() {
         return;
     }
     let server = MockServer::start().await;
-    let locks = volcano::Client::builder()
-        .api_url(server.url())
-        .service_key(server.service_key())
-        .build()
-        .unwrap()
-        .locks();
+    let locks = volcano::Client::for_mock(&server).locks();
     // Left to expire (5 s, the shortest TTL): the waiter then gets it.
     let _held = locks
         .acquire("report", Duration::from_secs(5))

@@ -223,12 +223,7 @@ async fn a_held_lock_exits_3_without_starting_the_command_unless_asked_to_wait()
     let dir = scratch("held");
     let mark = dir.join("ran");
     let script = format!("echo ran > {}", mark.display());
-    let locks = volcano::Client::builder()
-        .api_url(server.url())
-        .service_key(server.service_key())
-        .build()
-        .unwrap()
-        .locks();
+    let locks = volcano::Client::for_mock(&server).locks();
     let other = locks
         .acquire("report", Duration::from_secs(30))
         .await
@@ -273,12 +268,7 @@ async fn a_held_lock_can_be_a_quiet_skip_for_cron() {
     let dir = scratch("skip");
     let mark = dir.join("ran");
     let script = format!("echo ran > {}", mark.display());
-    let locks = volcano::Client::builder()
-        .api_url(server.url())
-        .service_key(server.service_key())
-        .build()
-        .unwrap()
-        .locks();
+    let locks = volcano::Client::for_mock(&server).locks();
     let _other = locks
         .acquire("report", Duration::from_secs(30))
         .await
@@ -341,12 +331,7 @@ async fn a_held_lock_can_be_a_quiet_skip_for_cron() {
 async fn watch_prints_a_line_per_change_until_interrupted() {
     use tokio::io::{AsyncBufReadExt, BufReader};
     let server = MockServer::start().await;
-    let locks = volcano::Client::builder()
-        .api_url(server.url())
-        .service_key(server.service_key())
-        .build()
-        .unwrap()
-        .locks();
+    let locks = volcano::Client::for_mock(&server).locks();
     let mut watch = volcano(
         &server,
         &[

@@ -32,6 +32,21 @@ async fn setup(name: &str, migrated: bool) -> Option<(PgPool, Table)> {
     Some((pool, table))
 }
 
+/// A tokio-postgres client on the test server, and the (not yet migrated)
+/// fence table of a fresh schema `name`.
+async fn tokio_setup(name: &str) -> Option<(tokio_postgres::Client, Table)> {
+    let pg = Postgres::or_skip(name)?;
+    let (client, connection) = tokio_postgres::connect(pg.url(), tokio_postgres::NoTls)
+        .await
+        .expect("connect to the test PostgreSQL");
+    tokio::spawn(connection);
+    client
+        .batch_execute(&format!("DROP SCHEMA IF EXISTS \"{name}\" CASCADE"))
+        .await
+        .unwrap();
+    Some((client, Table::in_schema(name).unwrap()))
+}
+
 /// One transaction: check `fence` on `resource`, then commit.
 async fn checked(
     pool: &PgPool,
@@ -266,18 +281,9 @@ async fn a_serialization_failure_is_retryable_not_stale() {
 
 #[tokio::test]
 async fn the_same_through_tokio_postgres() {
-    let Some(pg) = Postgres::or_skip("the_same_through_tokio_postgres") else {
+    let Some((mut client, table)) = tokio_setup("fence_tp").await else {
         return;
     };
-    let (mut client, connection) = tokio_postgres::connect(pg.url(), tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    client
-        .batch_execute("DROP SCHEMA IF EXISTS fence_tp CASCADE")
-        .await
-        .unwrap();
-    let table = Table::in_schema("fence_tp").unwrap();
     let tx = client.transaction().await.unwrap();
     let err = volcano_fence::tokio_postgres::check_in(&tx, &table, "r", 1)
         .await
@@ -310,18 +316,9 @@ async fn the_same_through_tokio_postgres() {
 
 #[tokio::test]
 async fn prepared_fences_keep_the_same_rule() {
-    let Some(pg) = Postgres::or_skip("prepared_fences_keep_the_same_rule") else {
+    let Some((mut client, table)) = tokio_setup("fence_prepared").await else {
         return;
     };
-    let (mut client, connection) = tokio_postgres::connect(pg.url(), tokio_postgres::NoTls)
-        .await
-        .unwrap();
-    tokio::spawn(connection);
-    client
-        .batch_execute("DROP SCHEMA IF EXISTS fence_prepared CASCADE")
-        .await
-        .unwrap();
-    let table = Table::in_schema("fence_prepared").unwrap();
     volcano_fence::tokio_postgres::migrate_in(&client, &table)
         .await
         .unwrap();

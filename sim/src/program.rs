@@ -173,16 +173,7 @@ impl Ctx {
         let locks = &self.locks;
         match op {
             0..=2 => match self.shaped_hold(&key, ttl, wait, coin).await {
-                Ok(held) => {
-                    let ended = self.believe(&held);
-                    self.work(&[&*held], work).await;
-                    if coin % 3 == 0 {
-                        drop(held);
-                    } else {
-                        self.released(&key, held.release().await);
-                    }
-                    ended.await;
-                }
+                Ok(held) => self.use_held(held, work, coin).await,
                 Err(err) => self.note(format!("hold {key}: {err}")),
             },
             3..=5 => {
@@ -313,6 +304,20 @@ impl Ctx {
         }
     }
 
+    /// Works under a held lock, then releases it, or (a third of the time)
+    /// drops it to the background release.
+    async fn use_held(&self, held: volcano::HeldLock, work: Duration, coin: u64) {
+        let ended = self.believe(&held);
+        self.work(&[&*held], work).await;
+        if coin % 3 == 0 {
+            drop(held);
+        } else {
+            let key = held.key().to_owned();
+            self.released(&key, held.release().await);
+        }
+        ended.await;
+    }
+
     /// `hold` with options the coin picks: a cap on the hold (`max_hold`)
     /// and a per-request timeout.
     async fn shaped_hold(
@@ -394,16 +399,7 @@ impl Ctx {
         let token = uuid_from(coin);
         let hold = self.locks.hold(key, ttl).token(token.clone()).wait(wait);
         match hold.poll_interval(poll_for(coin)).await {
-            Ok(held) => {
-                let ended = self.believe(&held);
-                self.work(&[&*held], work).await;
-                if coin % 3 == 0 {
-                    drop(held);
-                } else {
-                    self.released(key, held.release().await);
-                }
-                ended.await;
-            }
+            Ok(held) => self.use_held(held, work, coin).await,
             Err(err) => {
                 self.note(format!("hold {key} with own token: {err}"));
                 self.recover_own(key, token, ttl).await;
