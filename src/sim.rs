@@ -61,6 +61,8 @@ pub enum Sabotage {
     /// A lease is timed from when its answer arrived, not from when its
     /// request was sent.
     DeadlineFromReceipt,
+    /// A waiting acquire keeps trying for 1 s past its deadline.
+    TryAfterDeadline,
 }
 
 thread_local! {

@@ -7,7 +7,7 @@ use std::time::Duration;
 use chrono::{DateTime, Utc};
 use volcano_mock_server::{LockSnapshot, Operation, RecordedRequest};
 
-use crate::log::{Event, Stamped};
+use crate::log::{Event, Stamped, Waiting};
 
 mod leaks;
 mod linear;
@@ -64,7 +64,10 @@ pub(crate) fn all(events: &[Stamped], server: &Server, end: Duration) -> Vec<Str
     let mut violations = Vec::new();
     // Liveness, coarsely: three programs of mostly holds and scopes on two
     // keys always get some lock, whatever the faults.
-    if beliefs.is_empty() {
+    let leased = events
+        .iter()
+        .any(|e| matches!(e.event, Event::Leased { .. }));
+    if beliefs.is_empty() && !leased {
         violations.push("liveness: no program held any key in the whole run".to_owned());
     }
     exclusion(&beliefs, &grants, &breaks, &mut violations);
@@ -78,6 +81,7 @@ pub(crate) fn all(events: &[Stamped], server: &Server, end: Duration) -> Vec<Str
     truth::releases(events, server, &jumps, &mut violations);
     truth::successes(events, server, &mut violations);
     remaining(events, &grants, server, &jumps, &breaks, &mut violations);
+    waits(events, server, &mut violations);
     for e in events {
         if let Event::Contract { client, what } = &e.event {
             violations.push(format!(
@@ -390,6 +394,72 @@ fn remaining(
                 "overstated: client {client}'s guard on {key} (fence {fence}) said {remaining:?} \
                  was left at {:?}, past the server's expiry at {until:?}",
                 e.at
+            ));
+        }
+    }
+}
+
+/// A wait keeps its deadline: an operation that waits for a key never
+/// reports the key held before its deadline, and never starts a try after
+/// it (the tries of one waiting acquire share its request id).
+fn waits(events: &[Stamped], server: &Server, out: &mut Vec<String>) {
+    for (i, e) in events.iter().enumerate() {
+        let Event::Waits {
+            client,
+            key,
+            until,
+            how,
+        } = &e.event
+        else {
+            continue;
+        };
+        if *how == Waiting::Campaign {
+            continue;
+        }
+        let ended = events[i + 1..].iter().find(|later| match &later.event {
+            Event::Believes { client: c, .. }
+            | Event::Leased { client: c, .. }
+            | Event::Note { client: c, .. }
+            | Event::StepEnded { client: c } => c == client,
+            _ => false,
+        });
+        let held = ended.filter(|ended| {
+            matches!(&ended.event, Event::Note { what, .. } if what.contains("(HTTP 409 lock_held"))
+        });
+        if let Some(held) = held.filter(|held| held.at < *until) {
+            out.push(format!(
+                "gave up early: client {client}'s wait for {key} until {until:?} reported the key \
+                 held at {:?}",
+                held.at
+            ));
+        }
+        // The waiting acquire of this operation (a set's keys are
+        // acquired one by one, each with its own wait: not checked here).
+        if *how != Waiting::Acquire {
+            continue;
+        }
+        let step_ended = events[i + 1..]
+            .iter()
+            .find(|later| matches!(later.event, Event::StepEnded { client: c } if c == *client))
+            .map_or(Duration::MAX, |later| later.at);
+        let attempts = &server.sent.attempts;
+        let first = attempts.iter().find(|a| {
+            a.client == *client
+                && &a.key == key
+                && a.operation == Operation::Acquire
+                && a.sent >= e.at
+                && a.sent <= step_ended
+        });
+        let Some(first) = first else { continue };
+        let late = attempts
+            .iter()
+            .filter(|a| a.request_id == first.request_id)
+            .find(|a| a.sent > *until);
+        if let Some(late) = late {
+            out.push(format!(
+                "tried after its deadline: client {client}'s wait for {key} until {until:?} sent \
+                 a try at {:?}",
+                late.sent
             ));
         }
     }

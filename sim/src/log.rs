@@ -47,6 +47,7 @@ pub(crate) enum Event {
         client: usize,
         key: String,
         until: Duration,
+        how: Waiting,
     },
     /// A program's operation ended (done, failed or dropped).
     StepEnded { client: usize },
@@ -65,6 +66,19 @@ pub(crate) enum Event {
     ServerJump { by: Duration },
     /// A client host crashed: its leases stay until they expire.
     Crashed { client: usize },
+}
+
+/// How an operation waits for a key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Waiting {
+    /// A waiting acquire (hold, with_lock, acquire): it fails once its
+    /// deadline has passed, at once.
+    Acquire,
+    /// A set of keys (hold_all, with_locks): it fails once the deadline has
+    /// passed, after releasing the keys it got.
+    Set,
+    /// A leader: it campaigns until then.
+    Campaign,
 }
 
 /// An event and when it happened (simulated time since the start).

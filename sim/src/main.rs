@@ -54,6 +54,7 @@ fn parse() -> Result<Args, String> {
                     "release-before-mark" => Sabotage::ReleaseBeforeMark,
                     "no-undo" => Sabotage::NoUndo,
                     "deadline-from-receipt" => Sabotage::DeadlineFromReceipt,
+                    "try-after-deadline" => Sabotage::TryAfterDeadline,
                     other => return Err(format!("unknown sabotage {other:?}")),
                 }
             }

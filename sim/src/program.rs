@@ -17,7 +17,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use volcano::{Client, LockGuard, Locks};
 
-use crate::log::{Event, Log};
+use crate::log::{Event, Log, Waiting};
 use crate::net::{SimNetwork, PORT, SERVER};
 
 /// The service key of the simulated server.
@@ -105,6 +105,11 @@ impl Program {
                     client: self.id,
                     key: key.clone(),
                     until,
+                    how: match op {
+                        10 => Waiting::Campaign,
+                        12 | 13 => Waiting::Set,
+                        _ => Waiting::Acquire,
+                    },
                 });
             }
             let step = ctx.step(op, key.clone(), ttl, work, coin, &self.keys);

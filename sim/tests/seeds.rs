@@ -74,3 +74,13 @@ fn finds_a_lease_timed_from_its_answer() {
         "seed {seed}: {violation}"
     );
 }
+
+#[test]
+fn finds_a_waiter_that_tries_after_its_deadline() {
+    let (seed, violation) =
+        first_found(Sabotage::TryAfterDeadline).expect("found within the bound");
+    assert!(
+        violation.contains("tried after its deadline"),
+        "seed {seed}: {violation}"
+    );
+}

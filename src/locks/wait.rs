@@ -138,9 +138,20 @@ impl Waiter {
 
     /// Time left before the caller's timeout (`Duration::MAX`: no deadline).
     pub(crate) fn remaining(&self) -> Duration {
-        self.deadline.map_or(Duration::MAX, |d| {
+        self.waits_until().map_or(Duration::MAX, |d| {
             d.saturating_duration_since(Instant::now())
         })
+    }
+
+    /// The deadline the waiting keeps (a planted bug in the simulation
+    /// keeps trying a second past it).
+    fn waits_until(&self) -> Option<Instant> {
+        let overrun = if sabotaged!(TryAfterDeadline) {
+            Duration::from_secs(1)
+        } else {
+            Duration::ZERO
+        };
+        self.deadline.map(|d| d + overrun)
     }
 
     /// The bounds of the next try: started before the deadline, answered
@@ -258,7 +269,7 @@ impl Waiter {
     /// Once the timeout has passed: the error to return (the last conflict
     /// if there was one, so `is_lock_held()` stays true).
     pub(crate) fn timed_out(&mut self) -> Option<Error> {
-        if self.deadline.is_none_or(|d| Instant::now() < d) {
+        if self.waits_until().is_none_or(|d| Instant::now() < d) {
             return None;
         }
         self.last_uncertain

@@ -97,7 +97,9 @@ fn waiter(
     bound: Duration,
 ) -> Option<usize> {
     events.iter().enumerate().find_map(|(i, e)| match &e.event {
-        Event::Waits { client, key: k, until }
+        Event::Waits {
+            client, key: k, until, ..
+        }
             if *client != crashed && k == key && e.at <= expired && *until >= bound =>
         {
             let ended_early = events[i + 1..].iter().any(|later| {
