@@ -6,7 +6,7 @@
 //! remembered for as long as that lease may be live, so that `shutdown`
 //! reports it instead of saying all is well.
 
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -20,7 +20,7 @@ use crate::BoxFuture;
 #[derive(Default)]
 pub(crate) struct Background {
     next: AtomicU64,
-    running: Mutex<HashMap<u64, Running>>,
+    running: Mutex<BTreeMap<u64, Running>>,
     /// How many are running; `shutdown` waits for zero.
     count: watch::Sender<usize>,
     /// Background releases that ended without freeing the lease: key,
@@ -115,7 +115,7 @@ impl Background {
             .collect()
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Running>> {
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Running>> {
         crate::lock_unpoisoned(&self.running)
     }
 

@@ -147,6 +147,7 @@ impl Jumps {
     /// Completes at the next jump; never if this clock cannot jump.
     pub(crate) async fn next(&mut self) {
         tokio::select! {
+            biased;
             () = changed(self.suspends.as_mut()) => {}
             () = changed(self.moved.as_mut()) => {}
         }

@@ -86,10 +86,13 @@ pub(crate) async fn serve_connection<S>(
         .header_read_timeout(header_read_timeout)
         .serve_connection(TokioIo::new(stream), service);
     // Dropping the connection future closes the socket at once.
+    // `biased`: the same order every time (a simulation replays), the
+    // rare signals first.
     tokio::select! {
-        _ = connection => {}
+        biased;
         _ = kill.notified() => {}
         _ = stop.changed() => {}
+        _ = connection => {}
     }
 }
 

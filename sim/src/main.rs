@@ -13,6 +13,8 @@ struct Args {
     first: u64,
     seeds: u64,
     trace: Option<String>,
+    /// Print a line per seed with a hash of its trace.
+    each: bool,
     options: Options,
 }
 
@@ -21,6 +23,7 @@ fn parse() -> Result<Args, String> {
         first: 0,
         seeds: 100,
         trace: None,
+        each: false,
         options: Options::default(),
     };
     let mut it = std::env::args().skip(1);
@@ -35,6 +38,7 @@ fn parse() -> Result<Args, String> {
                 args.seeds = 1;
             }
             "--trace" => args.trace = Some(value()?),
+            "--each" => args.each = true,
             "--log" => {
                 // The SDK's own logs, for a replay: stderr, no timestamps
                 // (simulated time is in the trace).
@@ -61,7 +65,7 @@ fn parse() -> Result<Args, String> {
             "-h" | "--help" => {
                 return Err(
                     "usage: volcano-sim [--seeds N] [--from S] [--seed S --trace FILE] \
-                            [--clients N] [--keys N] [--steps N] [--sabotage NAME]"
+                            [--clients N] [--keys N] [--steps N] [--sabotage NAME] [--each]"
                         .to_owned(),
                 )
             }
@@ -97,6 +101,14 @@ fn main() -> ExitCode {
     let mut kinds = std::collections::BTreeMap::<String, usize>::new();
     for seed in args.first..args.first.saturating_add(args.seeds) {
         let outcome = run(seed, &args.options);
+        if args.each {
+            println!(
+                "seed {seed}: {} faults, {} events, trace {:016x}",
+                outcome.faults,
+                outcome.events,
+                fnv1a(outcome.trace.as_bytes())
+            );
+        }
         violations += outcome.violations.len();
         faults += outcome.faults;
         for (kind, n) in &outcome.fault_kinds {
@@ -146,4 +158,12 @@ fn main() -> ExitCode {
     } else {
         ExitCode::SUCCESS
     }
+}
+
+/// FNV-1a, 64 bits: a stable fingerprint of a trace (the same bytes give
+/// the same hash on every machine and build).
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &b| {
+        (hash ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3)
+    })
 }

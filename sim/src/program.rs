@@ -116,6 +116,7 @@ impl Program {
             match drop_after {
                 Some(drop_at) => {
                     tokio::select! {
+                        biased;
                         () = step => {}
                         () = drop_point(drop_at, requests.clone()) => {
                             ctx.note("dropped an operation");
@@ -291,6 +292,7 @@ impl Ctx {
         while tokio::time::Instant::now() < end && !any_lost() {
             for guard in guards {
                 let lease = guard.lease();
+                self.keeps_its_word(guard, lease.key()).await;
                 let remaining = guard.remaining();
                 let accepted = self.gate.write(lease.key(), lease.fencing_token());
                 self.log.push(Event::Wrote {
@@ -303,17 +305,54 @@ impl Ctx {
             }
             let lost = guards.iter().map(|g| Box::pin(g.lost()));
             tokio::select! {
+                biased;
                 _ = futures_any(lost) => {}
                 () = tokio::time::sleep(Duration::from_millis(700)) => {}
             }
         }
     }
 
+    /// What a guard says about itself agrees with itself: its key, and
+    /// `is_lost()`, `wait_lost(0)` and `failure()`.
+    async fn keeps_its_word(&self, guard: &LockGuard, key: &str) {
+        let mut broken = Vec::new();
+        if guard.key() != key {
+            broken.push(format!("key() is {:?}, its lease's {key:?}", guard.key()));
+        }
+        let lost = guard.is_lost();
+        if guard.wait_lost(Duration::ZERO).await != lost {
+            broken.push(format!("wait_lost(0) disagrees with is_lost() ({lost})"));
+        }
+        if lost && guard.failure().is_none() {
+            broken.push("is_lost() without a failure()".to_owned());
+        }
+        for what in broken {
+            self.log.push(Event::Contract {
+                client: self.id,
+                what,
+            });
+        }
+    }
+
     /// Works under a held lock, then releases it, or (a third of the time)
-    /// drops it to the background release.
+    /// drops it to the background release; at times it gives up the lock
+    /// first (`mark_lost`), which must end the belief as `Marked`.
     async fn use_held(&self, held: volcano::HeldLock, work: Duration, coin: u64) {
         let ended = self.believe(&held);
         self.work(&[&*held], work).await;
+        if coin % 11 == 0 {
+            held.mark_lost("the program gave up");
+            let marked = held.failure().map(|lost| lost.reason());
+            if !held.is_lost() || marked.is_none() {
+                self.log.push(Event::Contract {
+                    client: self.id,
+                    what: format!(
+                        "after mark_lost, is_lost() is {} and failure() {marked:?}",
+                        held.is_lost()
+                    ),
+                });
+            }
+        }
         if coin % 3 == 0 {
             drop(held);
         } else {

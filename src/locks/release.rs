@@ -126,6 +126,7 @@ async fn pause(wait: Duration, superseded: Option<&mut watch::Receiver<bool>>) {
     match superseded {
         Some(superseded) => {
             tokio::select! {
+                biased;
                 _ = tokio::time::sleep(wait) => {}
                 _ = superseded.wait_for(|s| *s) => {}
             }

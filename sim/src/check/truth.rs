@@ -90,7 +90,14 @@ pub(super) fn successes(events: &[Stamped], server: &Server, out: &mut Vec<Strin
                 && a.operation == Operation::Release
                 && a.answer.as_ref().is_some_and(|o| o.at == e.at)
         });
-        let Some(last) = last else { continue };
+        let Some(last) = last else {
+            out.push(format!(
+                "success without a release: client {client}'s release of {key} reported success \
+                 at {:?}, and no release answer reached it then",
+                e.at
+            ));
+            continue;
+        };
         let id = &last.request_id;
         let applied = server.journal.iter().any(|r| {
             r.request_id.as_ref() == Some(id)

@@ -296,6 +296,7 @@ async fn renewal_task(state: Arc<State>, locks: Locks, mut next_at: Duration, _l
         // sleeping renewal task stays small.
         let renewed = Box::pin(async {
             tokio::select! {
+                biased;
                 renewed = renew_in_window(&state, &locks) => renewed,
                 () = state.lost_behind_timers() => {
                     Err(state.failure().expect("a loss is recorded"))

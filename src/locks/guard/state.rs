@@ -299,6 +299,7 @@ impl State {
             let wake = until.min(self.ends_at()).saturating_sub(now);
             let stopwatch = Stopwatch::start();
             tokio::select! {
+                biased;
                 _ = tokio::time::sleep(wake) => self.check_runtime_clock(&stopwatch),
                 _ = jumps.next() => {}
                 _ = lost.changed() => {}
@@ -333,6 +334,7 @@ impl State {
         let cap = self.max_hold.as_ref().map(|cap| cap.at);
         let until_cap = cap.map_or(Duration::MAX, |at| at.saturating_sub(self.clock.now()));
         tokio::select! {
+            biased;
             _ = lost.changed() => return,
             () = jumps.next() => {}
             () = tokio::time::sleep(until_cap), if cap.is_some() => {}
