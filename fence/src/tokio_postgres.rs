@@ -120,6 +120,24 @@ async fn refused(
 /// statement on every call (about half the check's cost). Use it with
 /// transactions of the client it was prepared on.
 ///
+/// It can also be pipelined with the write, which then costs almost
+/// nothing more than the write alone (docs/benchmarks.md section 8): the
+/// server runs the check first, and a stale check aborts the transaction,
+/// the write with it.
+///
+/// ```no_run
+/// # async fn demo(mut client: tokio_postgres::Client, fences: volcano_fence::tokio_postgres::Fences, fence: i64) -> Result<(), Box<dyn std::error::Error>> {
+/// let tx = client.transaction().await?;
+/// let (checked, written) = tokio::join!(
+///     fences.check(&tx, "nightly-report", fence),
+///     tx.execute("UPDATE reports SET body = 'done' WHERE name = 'nightly'", &[]),
+/// );
+/// checked?; // stale: the transaction is already aborted; drop or roll back
+/// written?;
+/// tx.commit().await?;
+/// # Ok(()) }
+/// ```
+///
 /// ```no_run
 /// # async fn demo(mut client: tokio_postgres::Client, fence: i64) -> Result<(), Box<dyn std::error::Error>> {
 /// use volcano_fence::{tokio_postgres::Fences, Table};
