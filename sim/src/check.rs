@@ -82,6 +82,7 @@ pub(crate) fn all(events: &[Stamped], server: &Server, end: Duration) -> Vec<Str
     truth::successes(events, server, &mut violations);
     remaining(events, &grants, server, &jumps, &breaks, &mut violations);
     waits(events, server, &mut violations);
+    no_write_after_loss(events, &mut violations);
     for e in events {
         if let Event::Contract { client, what } = &e.event {
             violations.push(format!(
@@ -461,6 +462,34 @@ fn waits(events: &[Stamped], server: &Server, out: &mut Vec<String>) {
                  a try at {:?}",
                 late.sent
             ));
+        }
+    }
+}
+
+/// Once a guard's loss was told (its belief ended), the program wrote no
+/// more under it: `is_lost()` said so before the next write.
+fn no_write_after_loss(events: &[Stamped], out: &mut Vec<String>) {
+    let mut ended: BTreeSet<(usize, &str, i64)> = BTreeSet::new();
+    for e in events {
+        match &e.event {
+            Event::Ended {
+                client, key, fence, ..
+            } => {
+                ended.insert((*client, key.as_str(), *fence));
+            }
+            Event::Believes { client, key, fence } => {
+                ended.remove(&(*client, key.as_str(), *fence));
+            }
+            Event::Wrote {
+                client, key, fence, ..
+            } if ended.contains(&(*client, key.as_str(), *fence)) => {
+                out.push(format!(
+                    "wrote after loss: client {client} wrote {key} under fence {fence} at {:?}, \
+                     after its guard said it was lost",
+                    e.at
+                ));
+            }
+            _ => {}
         }
     }
 }

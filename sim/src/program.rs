@@ -212,6 +212,7 @@ impl Ctx {
                 let scope = locks.with_locks(all.to_vec(), ttl, |set| async move {
                     let guards: Vec<LockGuard> =
                         set.keys().filter_map(|k| set.guard(k)).cloned().collect();
+                    self.whole_set(guards.len(), all.len());
                     let ended: Vec<_> = guards.iter().map(|g| self.believe(g)).collect();
                     self.work(&guards.iter().collect::<Vec<_>>(), work).await;
                     Ok::<_, volcano::Error>(ended)
@@ -268,6 +269,12 @@ impl Ctx {
         let (done, ended) = tokio::sync::oneshot::channel();
         tokio::task::spawn_local(async move {
             guard.lost().await;
+            if !guard.is_lost() {
+                log.push(Event::Contract {
+                    client,
+                    what: format!("lost() resolved on {key} while is_lost() is false"),
+                });
+            }
             let why = guard
                 .failure()
                 .map_or_else(|| "ended".to_owned(), |lost| format!("{:?}", lost.reason()));
@@ -309,6 +316,16 @@ impl Ctx {
                 _ = futures_any(lost) => {}
                 () = tokio::time::sleep(Duration::from_millis(700)) => {}
             }
+        }
+    }
+
+    /// A held set has a guard for every key asked for.
+    fn whole_set(&self, guards: usize, asked: usize) {
+        if guards != asked {
+            self.log.push(Event::Contract {
+                client: self.id,
+                what: format!("a held set lists {guards} keys with guards; {asked} were asked for"),
+            });
         }
     }
 
@@ -424,6 +441,7 @@ impl Ctx {
         };
         let set = held.set();
         let guards: Vec<LockGuard> = set.keys().filter_map(|k| set.guard(k)).cloned().collect();
+        self.whole_set(guards.len(), all.len());
         let ended: Vec<_> = guards.iter().map(|g| self.believe(g)).collect();
         self.work(&guards.iter().collect::<Vec<_>>(), work).await;
         if coin % 3 == 0 {
