@@ -188,21 +188,15 @@ impl Fences {
     ) -> Result<(), Error> {
         check_resource(resource)?;
         let failed = |e| database(e, &self.table);
-        if !tx
-            .query(&self.update, &[&resource, &fence])
-            .await
-            .map_err(failed)?
-            .is_empty()
-        {
-            return Ok(());
-        }
-        if !tx
-            .query(&self.insert, &[&resource, &fence])
-            .await
-            .map_err(failed)?
-            .is_empty()
-        {
-            return Ok(());
+        for statement in [&self.update, &self.insert] {
+            if !tx
+                .query(statement, &[&resource, &fence])
+                .await
+                .map_err(failed)?
+                .is_empty()
+            {
+                return Ok(());
+            }
         }
         let highest = tx
             .query(&self.highest, &[&resource])

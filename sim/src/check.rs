@@ -326,16 +326,7 @@ fn within_lease(
     out: &mut Vec<String>,
 ) {
     for b in beliefs {
-        let until = server
-            .journal
-            .iter()
-            .filter(|r| r.key == b.key && r.fencing_token == Some(b.fence))
-            .filter(|r| matches!(r.status, Some(200 | 201)))
-            .filter(|r| matches!(r.operation, Operation::Acquire | Operation::Renew))
-            .filter(|r| sim_time(server, jumps, r.at) < b.to)
-            .filter_map(|r| r.expires_at)
-            .max()
-            .map(|expires| sim_time(server, jumps, expires));
+        let until = expiry_granted(server, jumps, &b.key, b.fence, |at| at < b.to);
         let Some(until) = until else { continue };
         let since = granted_at(grants, &b.key, b.fence).unwrap_or(b.from);
         if b.to > until && !breaks.any(&b.key, since, b.to) {
@@ -346,6 +337,27 @@ fn within_lease(
             ));
         }
     }
+}
+
+/// The latest expiry the server granted or renewed the lease `key`/`fence`
+/// to, among the grants applied at a sim time `applied` accepts.
+fn expiry_granted(
+    server: &Server,
+    jumps: &[(Duration, Duration)],
+    key: &str,
+    fence: i64,
+    applied: impl Fn(Duration) -> bool,
+) -> Option<Duration> {
+    server
+        .journal
+        .iter()
+        .filter(|r| r.key == key && r.fencing_token == Some(fence))
+        .filter(|r| matches!(r.status, Some(200 | 201)))
+        .filter(|r| matches!(r.operation, Operation::Acquire | Operation::Renew))
+        .filter(|r| applied(sim_time(server, jumps, r.at)))
+        .filter_map(|r| r.expires_at)
+        .max()
+        .map(|expires| sim_time(server, jumps, expires))
 }
 
 /// A key's fences never go down from one grant to the next.
@@ -385,16 +397,7 @@ fn remaining(
         else {
             continue;
         };
-        let until = server
-            .journal
-            .iter()
-            .filter(|r| &r.key == key && r.fencing_token == Some(*fence))
-            .filter(|r| matches!(r.status, Some(200 | 201)))
-            .filter(|r| matches!(r.operation, Operation::Acquire | Operation::Renew))
-            .filter(|r| sim_time(server, jumps, r.at) <= e.at)
-            .filter_map(|r| r.expires_at)
-            .max()
-            .map(|expires| sim_time(server, jumps, expires));
+        let until = expiry_granted(server, jumps, key, *fence, |at| at <= e.at);
         let Some(until) = until else { continue };
         // A server clock jump since the grant moves the server's expiry
         // under the guard (by design, not the guard's fault).
