@@ -8,7 +8,7 @@ use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
 use axum::http::HeaderValue;
-use chrono::{DateTime, Datelike, SecondsFormat, TimeDelta, Timelike, Utc};
+use chrono::{DateTime, SecondsFormat, Timelike, Utc};
 
 /// The latest time the clock shows, 9000-01-01T00:00:00Z, in Unix seconds.
 /// Far below chrono's end (year 262143), so `now + 90 days + ttl + grace`
@@ -58,7 +58,9 @@ impl std::error::Error for ClockRangeError {}
 
 /// Real time since the server started plus the advanced offset.
 pub(crate) struct Clock {
-    base_wall: DateTime<Utc>,
+    /// The wall time at `base`, in Unix seconds and nanoseconds.
+    base_secs: i64,
+    base_nanos: u32,
     base: tokio::time::Instant,
     /// Only ever grows, and only up to what keeps the clock within the limit.
     offset_ms: AtomicI64,
@@ -72,7 +74,9 @@ impl Clock {
     /// A clock that reads `epoch` now and runs on the runtime's clock.
     pub(crate) fn starting_at(epoch: DateTime<Utc>) -> Self {
         Clock {
-            base_wall: epoch,
+            base_secs: epoch.timestamp(),
+            // A leap second's extra nanoseconds (never from `Utc::now`) are dropped.
+            base_nanos: epoch.timestamp_subsec_nanos().min(999_999_999),
             base: tokio::time::Instant::now(),
             offset_ms: AtomicI64::new(0),
         }
@@ -110,20 +114,46 @@ impl Clock {
 
     /// The time with this offset, if it is within the limit.
     fn at(&self, offset_ms: i64) -> Option<DateTime<Utc>> {
-        let elapsed = TimeDelta::from_std(self.base.elapsed()).ok()?;
-        let offset = TimeDelta::try_milliseconds(offset_ms)?;
-        let time = self
-            .base_wall
-            .checked_add_signed(elapsed)?
-            .checked_add_signed(offset)?;
-        (time <= limit()).then_some(time)
+        // In integers: this is read several times per request, and chrono's
+        // general date arithmetic costs several times as much.
+        const NANOS: i64 = 1_000_000_000;
+        let elapsed = self.base.elapsed();
+        let nanos = i64::from(self.base_nanos)
+            + i64::from(elapsed.subsec_nanos())
+            + offset_ms.rem_euclid(1000) * 1_000_000;
+        let secs = self
+            .base_secs
+            .checked_add(i64::try_from(elapsed.as_secs()).ok()?)?
+            .checked_add(offset_ms.div_euclid(1000))?
+            .checked_add(nanos / NANOS)?;
+        let nanos = (nanos % NANOS) as u32;
+        if secs > LIMIT_SECS || (secs == LIMIT_SECS && nanos > 0) {
+            return None;
+        }
+        DateTime::from_timestamp(secs, nanos)
     }
 }
 
 /// `time` as the JSON bodies carry it: RFC 3339 in UTC, to the
 /// millisecond (`2024-05-01T12:00:00.000Z`).
 pub(crate) fn json_time(time: DateTime<Utc>) -> String {
-    time.to_rfc3339_opts(SecondsFormat::Millis, true)
+    // A leap second (never read off this clock) is left to chrono.
+    match Civil::of(time).filter(|_| time.nanosecond() < 1_000_000_000) {
+        Some(c) => {
+            // Written by hand: this is on every lease answer, and chrono's
+            // general formatter costs several times as much.
+            let mut text = *b"0000-00-00T00:00:00.000Z";
+            digits(&mut text[0..4], c.year);
+            digits(&mut text[5..7], c.month);
+            digits(&mut text[8..10], c.day);
+            digits(&mut text[11..13], c.hour);
+            digits(&mut text[14..16], c.minute);
+            digits(&mut text[17..19], c.second);
+            digits(&mut text[20..23], time.timestamp_subsec_millis());
+            ascii(&text)
+        }
+        None => time.to_rfc3339_opts(SecondsFormat::Millis, true),
+    }
 }
 
 /// `time` as an HTTP `Date` (RFC 7231 IMF-fixdate), truncated to the whole
@@ -131,28 +161,110 @@ pub(crate) fn json_time(time: DateTime<Utc>) -> String {
 /// time left by under a second, which a careful client allows for (the
 /// SDK subtracts a second).
 pub(crate) fn http_date(time: DateTime<Utc>) -> HeaderValue {
-    const DAYS: [&str; 7] = ["Mon", "Tue", "Wed", "Thu", "Fri", "Sat", "Sun"];
-    const MONTHS: [&str; 12] = [
-        "Jan", "Feb", "Mar", "Apr", "May", "Jun", "Jul", "Aug", "Sep", "Oct", "Nov", "Dec",
+    thread_local! {
+        /// The last second formatted on this thread: most answers in a
+        /// second share it (a clone shares the bytes).
+        static LAST: std::cell::RefCell<Option<(i64, HeaderValue)>> =
+            const { std::cell::RefCell::new(None) };
+    }
+    let second = time.timestamp();
+    LAST.with_borrow_mut(|last| match last {
+        Some((at, value)) if *at == second => value.clone(),
+        _ => {
+            let value = format_http_date(time);
+            *last = Some((second, value.clone()));
+            value
+        }
+    })
+}
+
+fn format_http_date(time: DateTime<Utc>) -> HeaderValue {
+    const DAYS: [&[u8; 3]; 7] = [b"Thu", b"Fri", b"Sat", b"Sun", b"Mon", b"Tue", b"Wed"];
+    const MONTHS: [&[u8; 3]; 12] = [
+        b"Jan", b"Feb", b"Mar", b"Apr", b"May", b"Jun", b"Jul", b"Aug", b"Sep", b"Oct", b"Nov",
+        b"Dec",
     ];
-    let t = DateTime::from_timestamp(time.timestamp(), 0).unwrap_or(time);
-    let text = format!(
-        "{}, {:02} {} {:04} {:02}:{:02}:{:02} GMT",
-        DAYS[t.weekday().num_days_from_monday() as usize],
-        t.day(),
-        MONTHS[t.month0() as usize],
-        t.year(),
-        t.hour(),
-        t.minute(),
-        t.second(),
-    );
+    const EPOCH: HeaderValue = HeaderValue::from_static("Thu, 01 Jan 1970 00:00:00 GMT");
+    // The clock never shows a year outside 0..=9999 in practice (it starts
+    // now and stops at 9000); IMF-fixdate has no form for others.
+    let Some(c) = Civil::of(time) else {
+        return EPOCH;
+    };
+    let mut text = *b"Mon, 00 Jan 0000 00:00:00 GMT";
+    // 1970-01-01 was a Thursday.
+    text[0..3].copy_from_slice(DAYS[c.days.rem_euclid(7) as usize]);
+    digits(&mut text[5..7], c.day);
+    text[8..11].copy_from_slice(MONTHS[c.month as usize - 1]);
+    digits(&mut text[12..16], c.year);
+    digits(&mut text[17..19], c.hour);
+    digits(&mut text[20..22], c.minute);
+    digits(&mut text[23..25], c.second);
     // Only ASCII letters, digits, spaces, ',' and ':' were written.
-    HeaderValue::try_from(text).unwrap_or(HeaderValue::from_static("Thu, 01 Jan 1970 00:00:00 GMT"))
+    HeaderValue::from_bytes(&text).unwrap_or(EPOCH)
+}
+
+/// A time's calendar fields in UTC (the leap second's extra nanoseconds
+/// aside), computed from its Unix seconds without chrono's general
+/// calendar code.
+struct Civil {
+    /// Days since 1970-01-01.
+    days: i64,
+    year: u32,
+    month: u32,
+    day: u32,
+    hour: u32,
+    minute: u32,
+    second: u32,
+}
+
+impl Civil {
+    /// The fields, if the year is written with four digits (0 to 9999).
+    fn of(time: DateTime<Utc>) -> Option<Civil> {
+        let secs = time.timestamp();
+        let days = secs.div_euclid(86_400);
+        let of_day = secs.rem_euclid(86_400) as u32;
+        // Days to a proleptic Gregorian date, counting 400-year eras from
+        // 0000-03-01 (so the leap day ends a year).
+        let z = days + 719_468;
+        let era = z.div_euclid(146_097);
+        let of_era = z.rem_euclid(146_097);
+        let year_of_era = (of_era - of_era / 1_460 + of_era / 36_524 - of_era / 146_096) / 365;
+        let of_year = of_era - (365 * year_of_era + year_of_era / 4 - year_of_era / 100);
+        let mp = (5 * of_year + 2) / 153;
+        let day = (of_year - (153 * mp + 2) / 5 + 1) as u32;
+        let month = if mp < 10 { mp + 3 } else { mp - 9 } as u32;
+        let year = year_of_era + era * 400 + i64::from(month <= 2);
+        let year = u32::try_from(year).ok().filter(|y| *y <= 9999)?;
+        Some(Civil {
+            days,
+            year,
+            month,
+            day,
+            hour: of_day / 3_600,
+            minute: of_day / 60 % 60,
+            second: of_day % 60,
+        })
+    }
+}
+
+/// Writes `value` in decimal, zero-padded, filling `out` (whose length is
+/// the width; higher digits are dropped).
+fn digits(out: &mut [u8], mut value: u32) {
+    for slot in out.iter_mut().rev() {
+        *slot = b'0' + (value % 10) as u8;
+        value /= 10;
+    }
+}
+
+/// ASCII bytes as a `String`.
+fn ascii(text: &[u8]) -> String {
+    std::str::from_utf8(text).unwrap_or_default().to_owned()
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use chrono::TimeDelta;
 
     fn at(rfc3339: &str) -> DateTime<Utc> {
         DateTime::parse_from_rfc3339(rfc3339)
@@ -226,6 +338,53 @@ mod tests {
         let gained = clock.now() - before;
         assert!(gained >= TimeDelta::seconds(8_000), "{gained}");
         assert!(gained < TimeDelta::seconds(8_000 + 3_600), "{gained}");
+    }
+
+    /// The hand-written formats agree with chrono's across the range the
+    /// clock can show, leap days, leap seconds and millisecond edges.
+    #[test]
+    fn hand_written_formats_agree_with_chrono() {
+        let mut checked = 0;
+        let mut seed = 0x2545_f491_4f6c_dd1d_u64;
+        let mut times = vec![
+            at("1970-01-01T00:00:00Z"),
+            at("2024-02-29T23:59:59.999Z"),
+            at("2026-12-31T23:59:59.9999Z"),
+            at("1000-01-01T00:00:00.001Z"),
+            at("0999-03-01T01:02:03.004Z"),
+            limit(),
+        ];
+        for _ in 0..20_000 {
+            seed ^= seed << 13;
+            seed ^= seed >> 7;
+            seed ^= seed << 17;
+            let secs = (seed % LIMIT_SECS as u64) as i64;
+            let nanos = (seed >> 40) as u32 % 1_000_000_000;
+            times.push(DateTime::from_timestamp(secs, nanos).unwrap());
+        }
+        // A leap second (chrono represents it with nanoseconds >= 1e9).
+        times.push(
+            chrono::NaiveDate::from_ymd_opt(2016, 12, 31)
+                .unwrap()
+                .and_hms_milli_opt(23, 59, 59, 1_500)
+                .unwrap()
+                .and_utc(),
+        );
+        for time in times {
+            assert_eq!(
+                json_time(time),
+                time.to_rfc3339_opts(SecondsFormat::Millis, true),
+                "{time:?}"
+            );
+            let whole = DateTime::from_timestamp(time.timestamp(), 0).unwrap();
+            assert_eq!(
+                http_date(time),
+                whole.format("%a, %d %b %Y %H:%M:%S GMT").to_string(),
+                "{time:?}"
+            );
+            checked += 1;
+        }
+        assert!(checked > 20_000);
     }
 
     #[test]

@@ -1,21 +1,23 @@
 //! Connections: the accept loop, one HTTP/1.1 connection per task with a
 //! header read timeout, and the [`Kill`] handle through which a handler
 //! closes the very connection its request arrived on (how the
-//! drop_response and reset faults really drop a connection). Also the
+//! drop_response and reset faults really drop a connection). What answers
+//! a request is an [`App`], which the router's floor provides. Also the
 //! once-a-second sweep of expired leases. Everything here stops when the
 //! shutdown signal flips.
 
 use std::sync::Arc;
 use std::time::Duration;
 
+use std::future::Future;
+
 use axum::body::Body;
+use axum::extract::Request;
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
-use axum::{Extension, Router};
 use hyper_util::rt::{TokioIo, TokioTimer};
 use tokio::net::TcpListener;
 use tokio::sync::{watch, Notify};
-use tower::ServiceExt;
 
 use crate::reject::Reject;
 use crate::shared::Shared;
@@ -27,10 +29,16 @@ pub const HEADER_READ_TIMEOUT: Duration = Duration::from_secs(10);
 #[derive(Clone)]
 pub(crate) struct Kill(Arc<Notify>);
 
+/// What answers each request of a connection, given the handle that
+/// closes that connection.
+pub(crate) trait App: Clone + Send + Sync + 'static {
+    fn call(self, request: Request, kill: Kill) -> impl Future<Output = Response> + Send;
+}
+
 /// Accepts connections until `shutdown` flips, serving each with HTTP/1.1.
 pub(crate) async fn serve(
     listener: TcpListener,
-    app: Router,
+    app: impl App,
     header_read_timeout: Duration,
     shutdown: watch::Receiver<bool>,
 ) {
@@ -62,7 +70,7 @@ pub(crate) async fn serve(
 /// kills it ([`Kill`]), or `stop` flips.
 pub(crate) async fn serve_connection<S>(
     stream: S,
-    app: Router,
+    app: impl App,
     header_read_timeout: Duration,
     mut stop: watch::Receiver<bool>,
 ) where
@@ -71,10 +79,9 @@ pub(crate) async fn serve_connection<S>(
     let kill = Arc::new(Notify::new());
     let service = {
         let kill = kill.clone();
-        hyper::service::service_fn(move |mut req: hyper::Request<hyper::body::Incoming>| {
-            req.extensions_mut().insert(Kill(kill.clone()));
-            let app = app.clone();
-            async move { app.oneshot(req.map(Body::new)).await }
+        hyper::service::service_fn(move |req: hyper::Request<hyper::body::Incoming>| {
+            let answer = app.clone().call(req.map(Body::new), Kill(kill.clone()));
+            async move { Ok::<_, std::convert::Infallible>(answer.await) }
         })
     };
     let connection = hyper::server::conn::http1::Builder::new()
@@ -96,11 +103,12 @@ pub(crate) async fn serve_connection<S>(
     }
 }
 
-/// Closes the connection without answering. Without a [`Kill`] (a router
-/// not served by [`serve`]) there is nothing to close: a 500 says so.
-pub(crate) async fn close(kill: Option<Extension<Kill>>) -> Response {
+/// Closes the connection without answering. Without a [`Kill`] (a request
+/// that did not come over a connection [`serve_connection`] serves) there
+/// is nothing to close: a 500 says so.
+pub(crate) async fn close(kill: Option<Kill>) -> Response {
     match kill {
-        Some(Extension(Kill(notify))) => {
+        Some(Kill(notify)) => {
             notify.notify_one();
             std::future::pending().await
         }

@@ -62,13 +62,25 @@ impl RecordedRequest {
             seq: 0,
             at,
             operation,
-            key: key.chars().take(MAX_KEY_CHARS).collect(),
-            request_id: request_id.map(|v| v.chars().take(MAX_REQUEST_ID_CHARS).collect()),
+            key: first_chars(key, MAX_KEY_CHARS),
+            request_id: request_id.map(|v| first_chars(v, MAX_REQUEST_ID_CHARS)),
             status: None,
             fault: None,
             fencing_token: None,
             expires_at: None,
         }
+    }
+}
+
+/// The first `max` characters of `text`, copied in one piece.
+fn first_chars(text: &str, max: usize) -> String {
+    // No more bytes than `max` means no more characters: the usual case.
+    if text.len() <= max {
+        return text.to_owned();
+    }
+    match text.char_indices().nth(max) {
+        Some((cut, _)) => text[..cut].to_owned(),
+        None => text.to_owned(),
     }
 }
 
@@ -92,7 +104,12 @@ impl Journal {
         }
         journal.1.push_back(entry);
         drop(journal);
-        self.recorded.send_replace(());
+        // Only a `wait_for` listens, and it subscribes before it looks at
+        // the entries (under the same lock as this push): if no one is
+        // subscribed now, no one can be waiting for this entry.
+        if self.recorded.receiver_count() > 0 {
+            self.recorded.send_replace(());
+        }
     }
 
     /// The oldest entry kept that matches, waiting for one to be recorded
@@ -132,6 +149,20 @@ impl Journal {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn long_keys_and_ids_are_cut_at_a_character() {
+        assert_eq!(first_chars("abc", 3), "abc");
+        assert_eq!(first_chars("abcd", 3), "abc");
+        assert_eq!(first_chars("ééé", 3), "ééé");
+        assert_eq!(first_chars("éééé", 3), "ééé");
+        assert_eq!(first_chars("", 3), "");
+        let long = "ü".repeat(300);
+        assert_eq!(
+            first_chars(&long, MAX_KEY_CHARS).chars().count(),
+            MAX_KEY_CHARS
+        );
+    }
 
     #[test]
     fn the_journal_keeps_only_the_newest_entries() {

@@ -304,7 +304,7 @@ impl MockServerBuilder {
         let (shutdown, stop) = watch::channel(false);
         tokio::spawn(conn::serve(
             listener,
-            router::router(shared.clone()),
+            router::Service::new(shared.clone()),
             shared.config.header_read_timeout,
             stop.clone(),
         ));
@@ -368,7 +368,7 @@ impl MockServer {
     {
         conn::serve_connection(
             stream,
-            router::router(self.shared.clone()),
+            router::Service::new(self.shared.clone()),
             self.shared.config.header_read_timeout,
             self.shutdown.subscribe(),
         )

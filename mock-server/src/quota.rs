@@ -33,11 +33,13 @@ impl Quota {
         }
     }
 
-    /// Counts one operation; `Err(retry_after_secs)` once the window is full.
-    pub(crate) fn take(&self, now: DateTime<Utc>) -> Result<(), i64> {
+    /// Counts one operation at the time `now` reads (read only when there
+    /// is a limit); `Err(retry_after_secs)` once the window is full.
+    pub(crate) fn take(&self, now: impl FnOnce() -> DateTime<Utc>) -> Result<(), i64> {
         let Some(limit) = self.limit else {
             return Ok(());
         };
+        let now = now();
         let window = now.timestamp().div_euclid(60);
         let mut quota = lock_unpoisoned(&self.window);
         if quota.window != window {

@@ -14,10 +14,12 @@
 //! depend on the SDK (only its tests do), and nothing here should be
 //! replaced by a call into it.
 
+use std::future::Future;
+use std::task::Poll;
 use std::time::Duration;
 
 use axum::body::{Body, Bytes};
-use axum::http::{header, HeaderMap, HeaderValue, Method, StatusCode};
+use axum::http::{header, HeaderMap, HeaderName, HeaderValue, Method, StatusCode};
 use chrono::TimeDelta;
 use serde_json::Value;
 use uuid::Uuid;
@@ -30,6 +32,10 @@ use crate::state::valid_key;
 /// Largest request body read, on every route (lock calls and controls);
 /// larger ones get a 400.
 pub const MAX_BODY: usize = 64 * 1024;
+/// The request id header, on every lock request.
+pub(crate) const REQUEST_ID: HeaderName = HeaderName::from_static("x-volcano-request-id");
+/// The ownership token header (acquire, renew, release).
+const LOCK_TOKEN: HeaderName = HeaderName::from_static("x-volcano-lock-token");
 const MIN_TTL: i64 = 5;
 const MAX_TTL: i64 = 7_776_000;
 
@@ -71,6 +77,9 @@ fn method_not_allowed(allow: &'static str) -> Reject {
 }
 
 fn percent_decode(raw: &str) -> Option<String> {
+    if !raw.contains('%') {
+        return Some(raw.to_owned());
+    }
     let bytes = raw.as_bytes();
     let mut out = Vec::with_capacity(bytes.len());
     let mut i = 0;
@@ -133,13 +142,13 @@ pub(crate) async fn validate(
     if !valid_key(&route.key) {
         return Err(bad_request("invalid lock key"));
     }
-    uuid_header(headers, "x-volcano-request-id").map_err(bad_request)?;
+    uuid_header(headers, &REQUEST_ID).map_err(bad_request)?;
     let needs_token = matches!(
         route.op,
         Operation::Acquire | Operation::Renew | Operation::Release
     );
     let token = if needs_token {
-        Some(uuid_header(headers, "x-volcano-lock-token").map_err(bad_request)?)
+        Some(uuid_header(headers, &LOCK_TOKEN).map_err(bad_request)?)
     } else {
         None
     };
@@ -154,26 +163,51 @@ pub(crate) async fn validate(
     Ok(Prepared { token, ttl })
 }
 
-/// A header that must be a hyphenated UUID.
-fn uuid_header(headers: &HeaderMap, name: &str) -> Result<Uuid, String> {
+/// A header that must be a hyphenated UUID, read in one pass.
+fn uuid_header(headers: &HeaderMap, name: &HeaderName) -> Result<Uuid, String> {
     let value = headers
         .get(name)
-        .ok_or_else(|| format!("missing {name} header"))?
-        .to_str()
-        .map_err(|_| format!("{name} must be a UUID"))?;
-    let hyphenated = value.len() == 36
-        && value.bytes().enumerate().all(|(i, b)| match i {
-            8 | 13 | 18 | 23 => b == b'-',
-            _ => b.is_ascii_hexdigit(),
-        });
-    if !hyphenated {
-        return Err(format!("{name} must be a UUID"));
+        .ok_or_else(|| format!("missing {name} header"))?;
+    hyphenated_uuid(value.as_bytes()).ok_or_else(|| format!("{name} must be a UUID"))
+}
+
+/// `8-4-4-4-12` hex digits (either case), and nothing else.
+fn hyphenated_uuid(text: &[u8]) -> Option<Uuid> {
+    if text.len() != 36 {
+        return None;
     }
-    Uuid::try_parse(value).map_err(|_| format!("{name} must be a UUID"))
+    let mut bytes = [0u8; 16];
+    let mut nibbles = 0;
+    for (i, &b) in text.iter().enumerate() {
+        if matches!(i, 8 | 13 | 18 | 23) {
+            if b != b'-' {
+                return None;
+            }
+            continue;
+        }
+        let digit = char::from(b).to_digit(16)? as u8;
+        bytes[nibbles / 2] |= if nibbles % 2 == 0 { digit << 4 } else { digit };
+        nibbles += 1;
+    }
+    Some(Uuid::from_bytes(bytes))
 }
 
 /// The body of acquire and renew: exactly `{"ttl_seconds": int}` in range.
 fn ttl_body(bytes: &[u8]) -> Result<TimeDelta, &'static str> {
+    /// The one form a valid body has, read without a JSON tree. Whatever
+    /// it refuses is read again below, for the exact reason.
+    #[derive(serde::Deserialize)]
+    #[serde(deny_unknown_fields)]
+    struct TtlOnly {
+        ttl_seconds: i64,
+    }
+    // A derived struct also reads a JSON array (`[30]`): only an object may.
+    let object = bytes.trim_ascii_start().first() == Some(&b'{');
+    if let (true, Ok(TtlOnly { ttl_seconds })) = (object, serde_json::from_slice(bytes)) {
+        if (MIN_TTL..=MAX_TTL).contains(&ttl_seconds) {
+            return Ok(TimeDelta::seconds(ttl_seconds));
+        }
+    }
     let value: Value =
         serde_json::from_slice(bytes).map_err(|_| "request body must be valid JSON")?;
     let Value::Object(map) = value else {
@@ -204,12 +238,19 @@ pub(crate) async fn read_body(
     if declared.is_some_and(|n| n > MAX_BODY as u64) {
         return Err(bad_request("request body is too large"));
     }
+    let unreadable = |_| bad_request("request body is too large or unreadable");
+    let mut read = std::pin::pin!(axum::body::to_bytes(body, MAX_BODY));
+    // Usually the body came with the headers: no timer for that.
+    if let Poll::Ready(read) = std::future::poll_fn(|cx| Poll::Ready(read.as_mut().poll(cx))).await
+    {
+        return read.map_err(unreadable);
+    }
     // A client that promises a body and never sends it would otherwise
     // hold the connection forever.
-    tokio::time::timeout(timeout, axum::body::to_bytes(body, MAX_BODY))
+    tokio::time::timeout(timeout, read)
         .await
         .map_err(|_| bad_request("request body was not received in time"))?
-        .map_err(|_| bad_request("request body is too large or unreadable"))
+        .map_err(unreadable)
 }
 
 #[cfg(test)]
@@ -230,10 +271,43 @@ mod tests {
             br#"{"ttl_seconds":30,"x":1}"#,
             br#"{}"#,
             br#"[30]"#,
+            br#" [30]"#,
+            br#"{"ttl_seconds":30,"ttl_seconds":"x"}"#,
+            br#"{"ttl_seconds":9223372036854775808}"#,
+            br#"{"ttl_seconds":null}"#,
             b"{",
             b"",
         ] {
             assert!(ttl_body(bad).is_err(), "{}", String::from_utf8_lossy(bad));
+        }
+    }
+
+    #[test]
+    fn uuids_are_read_as_uuid_reads_them() {
+        for good in [
+            "0b6f1a43-5b52-4f4e-9d51-1f6c3c7e2a10",
+            "0B6F1A43-5B52-4F4E-9D51-1F6C3C7E2A10",
+            "00000000-0000-0000-0000-000000000000",
+            "ffffffff-ffff-ffff-ffff-ffffffffffff",
+        ] {
+            assert_eq!(
+                hyphenated_uuid(good.as_bytes()),
+                Some(Uuid::try_parse(good).unwrap()),
+                "{good}"
+            );
+        }
+        for bad in [
+            "",
+            "0b6f1a435b524f4e9d511f6c3c7e2a10",
+            "{0b6f1a43-5b52-4f4e-9d51-1f6c3c7e2a10}",
+            "0b6f1a43-5b52-4f4e-9d51-1f6c3c7e2a1g",
+            "0b6f1a43-5b52-4f4e-9d51+1f6c3c7e2a10",
+            "0b6f1a43-5b52-4f4e-9d511-f6c3c7e2a10",
+            "0b6f1a43-5b52-4f4e-9d51-1f6c3c7e2a1",
+            "0b6f1a43-5b52-4f4e-9d51-1f6c3c7e2a100",
+            "0b6f1a43-5b52-4f4e-9d51-1f6c3c7e2aé",
+        ] {
+            assert_eq!(hyphenated_uuid(bad.as_bytes()), None, "{bad}");
         }
     }
 
