@@ -142,25 +142,24 @@ pub mod __bench {
     use std::time::Duration;
 
     use crate::error::InvalidReason;
-    use crate::ops::json_object;
+    use crate::lease::Fields;
     use crate::ops::{self, Operation};
     use crate::{Client, Error, LockLease, LockState};
 
     /// Decodes an acquire body as the SDK does.
     pub fn decode_lease(body: &[u8]) -> Result<LockLease, InvalidReason> {
-        let map = json_object(body).ok_or(InvalidReason::NotAnObject)?;
+        let fields = Fields::parse(body)?;
         let op = ops::Acquire {
             key: "key",
             token: "token",
             ttl_secs: 30,
         };
-        op.decode(map)
+        op.decode(fields)
     }
 
     /// Decodes a get body as the SDK does.
     pub fn decode_state(body: &[u8]) -> Result<LockState, InvalidReason> {
-        let map = json_object(body).ok_or(InvalidReason::NotAnObject)?;
-        ops::Get { key: "key" }.decode(map)
+        ops::Get { key: "key" }.decode(Fields::parse(body)?)
     }
 
     /// Validates and builds an acquire request as the SDK does, without

@@ -4,11 +4,11 @@
 //! request from one of these once and does the rest the same way for all.
 
 use reqwest::header::{HeaderName, HeaderValue};
-use reqwest::{Method, RequestBuilder, StatusCode};
+use reqwest::{Method, Request, StatusCode};
 use serde_json::{Map, Value};
 
 use crate::error::{Error, InvalidReason, Result};
-use crate::lease::{LockLease, LockState};
+use crate::lease::{Fields, LockLease, LockState};
 
 /// Header carrying the request id (all five operations).
 pub(crate) const REQUEST_ID_HEADER: HeaderName = HeaderName::from_static("x-volcano-request-id");
@@ -43,12 +43,12 @@ impl SuccessBody for NoContent {
     }
 }
 
-/// A success whose body is a JSON object.
-impl SuccessBody for Map<String, Value> {
+/// A success whose body is a lease or a state (a JSON object).
+impl SuccessBody for Fields {
     const LIMIT: usize = usize::MAX;
 
     fn parse(bytes: &[u8]) -> Result<Self, InvalidReason> {
-        json_object(bytes).ok_or(InvalidReason::NotAnObject)
+        Fields::parse(bytes)
     }
 }
 
@@ -83,8 +83,9 @@ pub(crate) trait Operation {
     fn key(&self) -> &str;
 
     /// Adds the operation's own headers and body.
-    fn prepare(&self, request: RequestBuilder) -> Result<RequestBuilder> {
-        Ok(request)
+    fn prepare(&self, request: &mut Request) -> Result<()> {
+        let _ = request;
+        Ok(())
     }
 
     /// Decodes a success.
@@ -92,15 +93,16 @@ pub(crate) trait Operation {
 }
 
 /// The ownership token header, marked sensitive so it never shows in logs.
-fn with_token(request: RequestBuilder, token: &str) -> Result<RequestBuilder> {
+fn with_token(request: &mut Request, token: &str) -> Result<()> {
     let mut value = header_value(token, "token")?;
     value.set_sensitive(true);
-    Ok(request.header(LOCK_TOKEN_HEADER, value))
+    request.headers_mut().insert(LOCK_TOKEN_HEADER, value);
+    Ok(())
 }
 
 /// The `{"ttl_seconds": n}` body of acquire and renew.
-fn with_ttl(request: RequestBuilder, ttl_secs: u64) -> RequestBuilder {
-    request.body(format!("{{\"ttl_seconds\":{ttl_secs}}}"))
+fn with_ttl(request: &mut Request, ttl_secs: u64) {
+    *request.body_mut() = Some(format!("{{\"ttl_seconds\":{ttl_secs}}}").into());
 }
 
 pub(crate) fn header_value(value: &str, name: &str) -> Result<HeaderValue> {
@@ -121,7 +123,7 @@ impl Operation for Acquire<'_> {
     const METHOD: Method = Method::POST;
     const SUCCESS: StatusCode = StatusCode::CREATED;
     const RESOURCE: Resource = Resource::Lease;
-    type Body = Map<String, Value>;
+    type Body = Fields;
     const NEEDS_DATE: bool = true;
     const ATTEMPTS: u32 = 2;
 
@@ -129,12 +131,14 @@ impl Operation for Acquire<'_> {
         self.key
     }
 
-    fn prepare(&self, request: RequestBuilder) -> Result<RequestBuilder> {
-        with_token(request, self.token).map(|r| with_ttl(r, self.ttl_secs))
+    fn prepare(&self, request: &mut Request) -> Result<()> {
+        with_token(request, self.token)?;
+        with_ttl(request, self.ttl_secs);
+        Ok(())
     }
 
-    fn decode(&self, body: Map<String, Value>) -> Result<LockLease, InvalidReason> {
-        LockLease::decode(self.key.to_owned(), self.token.to_owned(), &body)
+    fn decode(&self, body: Fields) -> Result<LockLease, InvalidReason> {
+        LockLease::decode((self.key.into(), self.token.into()), body)
     }
 }
 
@@ -150,23 +154,21 @@ impl Operation for Renew<'_> {
     const METHOD: Method = Method::PATCH;
     const SUCCESS: StatusCode = StatusCode::OK;
     const RESOURCE: Resource = Resource::Lease;
-    type Body = Map<String, Value>;
+    type Body = Fields;
     const NEEDS_DATE: bool = true;
 
     fn key(&self) -> &str {
         self.lease.key()
     }
 
-    fn prepare(&self, request: RequestBuilder) -> Result<RequestBuilder> {
-        with_token(request, self.lease.token()).map(|r| with_ttl(r, self.ttl_secs))
+    fn prepare(&self, request: &mut Request) -> Result<()> {
+        with_token(request, self.lease.token())?;
+        with_ttl(request, self.ttl_secs);
+        Ok(())
     }
 
-    fn decode(&self, body: Map<String, Value>) -> Result<LockLease, InvalidReason> {
-        LockLease::decode(
-            self.lease.key().to_owned(),
-            self.lease.token().to_owned(),
-            &body,
-        )
+    fn decode(&self, body: Fields) -> Result<LockLease, InvalidReason> {
+        LockLease::decode(self.lease.owner(), body)
     }
 }
 
@@ -181,7 +183,7 @@ impl Operation for Get<'_> {
     const METHOD: Method = Method::GET;
     const SUCCESS: StatusCode = StatusCode::OK;
     const RESOURCE: Resource = Resource::Lock;
-    type Body = Map<String, Value>;
+    type Body = Fields;
     // A waiter reads the holder's time left on the server's clock.
     const NEEDS_DATE: bool = true;
 
@@ -189,8 +191,8 @@ impl Operation for Get<'_> {
         self.key
     }
 
-    fn decode(&self, body: Map<String, Value>) -> Result<LockState, InvalidReason> {
-        LockState::decode(&body)
+    fn decode(&self, body: Fields) -> Result<LockState, InvalidReason> {
+        LockState::decode(body)
     }
 }
 
@@ -212,7 +214,7 @@ impl Operation for Release<'_> {
         self.lease.key()
     }
 
-    fn prepare(&self, request: RequestBuilder) -> Result<RequestBuilder> {
+    fn prepare(&self, request: &mut Request) -> Result<()> {
         with_token(request, self.lease.token())
     }
 

@@ -1,7 +1,7 @@
 //! The attempts of one call: URL and headers, the per-request timeout,
 //! acquire's single retry, status-to-error mapping and reading bodies.
 //! Every operation ([`crate::ops`]) goes through [`Transport::send`], which
-//! builds its request once and replays that very request for a retry. The
+//! builds its request and, for a retry, builds it again from the same inputs. The
 //! attempts themselves are carried by a [`Wire`] (reqwest in production).
 
 use std::time::Duration;
@@ -52,9 +52,7 @@ pub(crate) struct Answer<T> {
 
 /// HTTP client, base URL and credential, shared by every clone of a `Client`.
 pub(crate) struct Transport {
-    /// Builds the requests.
-    http: reqwest::Client,
-    /// Carries them: `http` itself in production.
+    /// Carries the requests: the reqwest client in production.
     wire: Box<dyn Wire>,
     base_url: String,
     /// `Bearer <service key>`, marked sensitive.
@@ -81,8 +79,7 @@ impl Transport {
             None => own_client(timeout, route)?,
         };
         Ok(Transport {
-            wire: Box::new(http.clone()),
-            http,
+            wire: Box::new(http),
             base_url,
             auth,
             timeout,
@@ -106,8 +103,10 @@ impl Transport {
     }
 
     /// Sends `op` (acquire: up to twice) and returns its decoded success.
-    /// The request is built once; a retry sends a clone of it, so it is
-    /// byte-identical by construction.
+    /// A retry sends the request built again by [`Transport::build`], a pure
+    /// function of the operation, the request id and the timeout, so it is
+    /// byte-identical (a test compares the bytes). Cheaper than cloning
+    /// every acquire's request in case it fails.
     pub(crate) async fn send<O: Operation>(
         &self,
         op: &O,
@@ -118,11 +117,7 @@ impl Transport {
         let mut first_error: Option<Error> = None;
         let mut attempt = 1;
         loop {
-            let replay = if attempt < O::ATTEMPTS {
-                request.try_clone()
-            } else {
-                None
-            };
+            let may_retry = attempt < O::ATTEMPTS;
             if let Some(by) = timing.answer_by {
                 let left = by.saturating_duration_since(Instant::now());
                 let cut = request.timeout().copied().unwrap_or(self.timeout).min(left);
@@ -137,10 +132,13 @@ impl Transport {
                 status = tracing::field::Empty,
             );
             let stopwatch = Stopwatch::start();
-            let mut result = self
-                .attempt(op, request, request_id)
-                .instrument(span.clone())
-                .await;
+            let sent = self.attempt(op, request, request_id, &span);
+            // A span no subscriber wants is not entered on every poll.
+            let mut result = if span.is_disabled() {
+                sent.await
+            } else {
+                sent.instrument(span.clone()).await
+            };
             // A paused clock makes every wait for an answer time out at once:
             // say so rather than report a timeout no real time explains (and
             // rather than try again, which would spin). An answer stands.
@@ -148,13 +146,13 @@ impl Transport {
                 result = Err(paused_clock(request_id));
             }
             let in_time = timing.send_by.is_none_or(|by| Instant::now() < by);
-            match (result, replay) {
-                (Err(err), Some(again)) if retry::retries_acquire(&err) && in_time => {
+            match (result, may_retry) {
+                (Err(err), true) if retry::retries_acquire(&err) && in_time => {
                     span.in_scope(|| {
                         tracing::info!(error = %err, "retrying acquire once with the same token and request id");
                     });
                     first_error = Some(err).filter(Error::may_have_applied);
-                    request = again;
+                    request = self.build(op, request_id, timing.timeout)?;
                     attempt += 1;
                 }
                 // The retry's answer settles ownership only as a success or
@@ -180,25 +178,30 @@ impl Transport {
         url
     }
 
-    /// Builds the request for `op` exactly as it goes on the wire.
+    /// Builds the request for `op` exactly as it goes on the wire. In
+    /// place, not through reqwest's by-value builder, whose every call
+    /// moves the whole request.
     pub(crate) fn build<O: Operation>(
         &self,
         op: &O,
         request_id: &str,
         timeout: Option<Duration>,
     ) -> Result<reqwest::Request> {
-        let mut request = self
-            .http
-            .request(O::METHOD, self.url(op.key(), O::RESOURCE))
-            .header(AUTHORIZATION, self.auth.clone())
-            .header(REQUEST_ID_HEADER, header_value(request_id, "request_id")?);
-        request = op.prepare(request)?;
-        if let Some(timeout) = timeout {
-            request = request.timeout(timeout);
+        let unbuildable =
+            |e: &dyn std::fmt::Display| Error::invalid(format!("could not build the request: {e}"));
+        let url =
+            reqwest::Url::parse(&self.url(op.key(), O::RESOURCE)).map_err(|e| unbuildable(&e))?;
+        if !url.has_host() {
+            return Err(unbuildable(&"the URL has no host"));
         }
-        let mut request = request
-            .build()
-            .map_err(|e| Error::invalid(format!("could not build the request: {e}")))?;
+        let mut request = reqwest::Request::new(O::METHOD, url);
+        let headers = request.headers_mut();
+        headers.insert(AUTHORIZATION, self.auth.clone());
+        headers.insert(REQUEST_ID_HEADER, header_value(request_id, "request_id")?);
+        op.prepare(&mut request)?;
+        if let Some(timeout) = timeout {
+            *request.timeout_mut() = Some(timeout);
+        }
         if self.custom {
             for (name, value) in DEFAULT_HEADERS {
                 request.headers_mut().entry(name).or_insert(value);
@@ -214,6 +217,7 @@ impl Transport {
         op: &O,
         request: reqwest::Request,
         request_id: &str,
+        span: &tracing::Span,
     ) -> Result<Answer<O::Output>> {
         let mut reply = self
             .wire
@@ -221,7 +225,9 @@ impl Transport {
             .await
             .map_err(|e| transport_error(e, request_id, &self.base_url))?;
         let status = reply.status;
-        tracing::Span::current().record("status", status.as_u16());
+        if !span.is_disabled() {
+            span.record("status", status.as_u16());
+        }
 
         if status == O::SUCCESS {
             let date = if O::NEEDS_DATE {

@@ -111,25 +111,27 @@ impl Owner {
 /// fails after a try whose outcome is unknown, `Drop` hands a release with
 /// the token to the client's background releases ([`Client::shutdown`]
 /// waits for them). Release is idempotent: freeing a lease that was never
-/// granted costs one request.
-struct Undo {
-    locks: Locks,
-    key: String,
+/// granted costs one request. It borrows what it would release from the
+/// acquire it guards (declared before it, so dropped after it): nothing is
+/// copied unless a release is sent.
+struct Undo<'a> {
+    locks: &'a Locks,
+    key: &'a str,
     /// The ttl asked for: the longest a granted lease can live.
     ttl: Duration,
     /// The generated token; `None` once there is nothing to undo.
-    token: Option<String>,
+    token: Option<&'a str>,
     in_flight: bool,
     uncertain: bool,
 }
 
-impl Undo {
-    fn new(locks: &Locks, key: &str, ttl: Duration, generated: Option<&str>) -> Self {
+impl<'a> Undo<'a> {
+    fn new(locks: &'a Locks, key: &'a str, ttl: Duration, generated: Option<&'a str>) -> Self {
         Undo {
-            locks: locks.clone(),
-            key: key.to_owned(),
+            locks,
+            key,
             ttl,
-            token: generated.map(str::to_owned),
+            token: generated,
             in_flight: false,
             uncertain: false,
         }
@@ -149,7 +151,7 @@ impl Undo {
     }
 }
 
-impl Drop for Undo {
+impl Drop for Undo<'_> {
     fn drop(&mut self) {
         let Some(token) = self.token.take() else {
             return;
@@ -158,13 +160,13 @@ impl Drop for Undo {
             return;
         }
         let lease = LockLease::new(
-            self.key.clone(),
+            self.key,
             token,
             chrono::DateTime::<chrono::Utc>::UNIX_EPOCH,
             0,
         );
         release::in_background(
-            &self.locks,
+            self.locks,
             lease,
             self.ttl,
             "undo an acquire whose outcome is unknown",
@@ -283,7 +285,7 @@ impl Acquire {
         ttl: u64,
         token: &str,
         request_id: &str,
-        undo: &mut Undo,
+        undo: &mut Undo<'_>,
     ) -> Result<Measured> {
         let mut then = wait::Then::Acquire;
         loop {
@@ -335,7 +337,7 @@ impl Acquire {
         token: &str,
         request_id: &str,
         window: wait::Window,
-        undo: &mut Undo,
+        undo: &mut Undo<'_>,
     ) -> Result<Measured> {
         let sent_at = self.common.locks.client.lease_clock().now();
         undo.sending();
