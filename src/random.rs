@@ -29,7 +29,10 @@ pub(crate) fn u64() -> u64 {
 }
 
 pub(crate) fn bytes16() -> [u8; 16] {
-    draw(|rng| rng.random())
+    // One fill, not sixteen draws of a byte each through `dyn RngCore`.
+    let mut bytes = [0u8; 16];
+    draw(|rng| rng.fill_bytes(&mut bytes));
+    bytes
 }
 
 /// From now on this thread draws from a generator seeded with `seed`
