@@ -214,10 +214,11 @@ impl<T> Member<T> {
 ///
 /// [`Fields::parse`] reads them straight from the bytes, with no JSON tree
 /// and no copy of the expiry's text. When that cannot decide (a member of
-/// the wrong type, a body that is not an object, or a `serde_json` built
-/// to hand numbers over in another form), the body is read the general
-/// way, into a `serde_json` object, and that reading decides. So the fast
-/// path only ever agrees with the general one (a test compares them).
+/// the wrong type, a member it does not read, a body that is not an
+/// object, or a `serde_json` built to hand numbers over in another form),
+/// the body is read the general way, into a `serde_json` object, and that
+/// reading decides. So the fast path only ever agrees with the general one
+/// (a test compares them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub(crate) struct Fields {
     held: Member<bool>,
@@ -293,9 +294,10 @@ impl<'de> Visitor<'de> for FieldsVisitor {
                 Name::Held => fields.held = map.next_value::<Read<bool>>()?.0,
                 Name::ExpiresAt => fields.expires_at = map.next_value::<Read<DateTime<Utc>>>()?.0,
                 Name::FencingToken => fields.fencing_token = map.next_value::<Read<i64>>()?.0,
-                Name::Other => {
-                    map.next_value::<IgnoredAny>()?;
-                }
+                // Skipping a member checks only its syntax (not a number's
+                // range, a string's escapes, the depth), so a body with one
+                // is left to the general reading. The service sends none.
+                Name::Other => return Err(de::Error::custom("a member the SDK does not read")),
             }
         }
         Ok(fields)
@@ -555,6 +557,23 @@ mod tests {
             }
         }
         assert_eq!(checked, 6 * 9 * 11 * 3 * 2);
+        // Text the general reading refuses, in a member neither reads.
+        let deep = format!("{}{}", "[".repeat(200), "]".repeat(200));
+        for other in ["1e400", r#""\ud800""#, "\"\u{0}\"", &deep] {
+            let body =
+                format!(r#"{{"expires_at":"2026-07-20T14:00:10Z","fencing_token":1,"x":{other}}}"#);
+            assert_eq!(
+                Fields::parse(body.as_bytes()),
+                Fields::parse_general(body.as_bytes()),
+                "{body}"
+            );
+        }
+        let mut invalid_utf8 = br#"{"fencing_token":1,"x":""#.to_vec();
+        invalid_utf8.extend_from_slice(&[0xff, b'"', b'}']);
+        assert_eq!(
+            Fields::parse(&invalid_utf8),
+            Err(InvalidReason::NotAnObject)
+        );
         for not_an_object in ["[1]", "1", r#""x""#, "null", "{", "", r#"{"held":true} x"#] {
             assert_eq!(
                 Fields::parse(not_an_object.as_bytes()),
