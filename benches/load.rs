@@ -399,7 +399,11 @@ fn machine() -> String {
     format!(
         "Measured {} on {cores} cores, {} build.",
         chrono::Utc::now().format("%Y-%m-%d %H:%M UTC"),
-        if cfg!(debug_assertions) { "debug" } else { "release" }
+        if cfg!(debug_assertions) {
+            "debug"
+        } else {
+            "release"
+        }
     )
 }
 
@@ -1359,7 +1363,10 @@ fn startup() {
     // Test suites run debug builds: `cargo bench --profile dev --bench
     // load -- startup` measures that too, in a section of its own.
     let (name, title) = if cfg!(debug_assertions) {
-        ("startup-debug", "9b. What the mock server costs a test suite, debug build")
+        (
+            "startup-debug",
+            "9b. What the mock server costs a test suite, debug build",
+        )
     } else {
         ("startup", "9. What the mock server costs a test suite")
     };
