@@ -13,7 +13,7 @@
 
 use std::sync::LazyLock;
 
-use ::tokio_postgres::types::Type;
+use ::tokio_postgres::types::{ToSql, Type};
 use ::tokio_postgres::{Client, Statement, Transaction};
 
 use crate::error::check_resource;
@@ -77,12 +77,8 @@ pub async fn check_in(
 ) -> Result<(), Error> {
     check_resource(resource)?;
     let failed = |e| database(e, table);
-    let typed = [Type::TEXT, Type::INT8];
+    let params: [(&(dyn ToSql + Sync), Type); 2] = [(&resource, Type::TEXT), (&fence, Type::INT8)];
     for statement in [table.update_statement(), table.check_statement()] {
-        let params = [
-            (&resource as _, typed[0].clone()),
-            (&fence as _, typed[1].clone()),
-        ];
         if !tx
             .query_typed(statement, &params)
             .await
@@ -121,9 +117,9 @@ async fn refused(
 /// transactions of the client it was prepared on.
 ///
 /// It can also be pipelined with the write, which then costs almost
-/// nothing more than the write alone (docs/benchmarks.md section 8): the
-/// server runs the check first, and a stale check aborts the transaction,
-/// the write with it.
+/// nothing more than the write alone (docs/benchmarks.md section 8): a
+/// stale check aborts the transaction, the write with it, even when the
+/// caller ignores the error and commits.
 ///
 /// ```no_run
 /// # async fn demo(mut client: tokio_postgres::Client, fences: volcano_fence::tokio_postgres::Fences, fence: i64) -> Result<(), Box<dyn std::error::Error>> {
@@ -202,8 +198,7 @@ impl Fences {
             .query(&self.highest, &[&resource])
             .await
             .map_err(failed)?;
-        let highest = highest.first().map_or(i64::MAX, |row| row.get(0));
-        Err(Error::stale(resource, fence, highest))
+        refused(tx, resource, fence, highest.first().map(|row| row.get(0))).await
     }
 }
 

@@ -325,24 +325,75 @@ async fn prepared_fences_keep_the_same_rule() {
     let fences = volcano_fence::tokio_postgres::Fences::prepare(&client, &table)
         .await
         .unwrap();
-    for (resource, fence, passes) in [
-        ("a", 3, true),
-        ("a", 3, true),
-        ("a", 2, false),
-        ("b", i64::MIN, true),
-        ("a", i64::MAX, true),
-        ("a", 4, false),
+    for (resource, fence, passes, highest) in [
+        ("a", 3, true, None),
+        ("a", 3, true, None),
+        ("a", 2, false, Some(3)),
+        ("b", i64::MIN, true, None),
+        ("a", i64::MAX, true, None),
+        ("a", 4, false, Some(i64::MAX)),
     ] {
         let tx = client.transaction().await.unwrap();
         let result = fences.check(&tx, resource, fence).await;
         assert_eq!(result.is_ok(), passes, "{resource} {fence}: {result:?}");
         if let Err(err) = &result {
             assert!(err.is_stale());
+            assert_eq!(err.highest_seen(), highest, "{resource} {fence}");
         }
         tx.commit().await.unwrap();
     }
     let tx = client.transaction().await.unwrap();
     assert!(fences.check(&tx, "", 1).await.is_err());
+}
+
+/// Through tokio-postgres too, free function and prepared: a caller that
+/// ignores a stale error (also with the write pipelined beside the check)
+/// and commits writes nothing.
+#[tokio::test]
+async fn a_stale_tokio_postgres_transaction_cannot_commit() {
+    let Some((mut client, table)) = tokio_setup("fence_poison_tp").await else {
+        return;
+    };
+    volcano_fence::tokio_postgres::migrate_in(&client, &table)
+        .await
+        .unwrap();
+    client
+        .batch_execute("CREATE TABLE fence_poison_tp.notes (body text)")
+        .await
+        .unwrap();
+    let fences = volcano_fence::tokio_postgres::Fences::prepare(&client, &table)
+        .await
+        .unwrap();
+    let tx = client.transaction().await.unwrap();
+    volcano_fence::tokio_postgres::check_in(&tx, &table, "r", 7)
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    let insert = "INSERT INTO fence_poison_tp.notes VALUES ('stale')";
+    for prepared in [false, true] {
+        let tx = client.transaction().await.unwrap();
+        let (checked, _) = tokio::join!(
+            async {
+                if prepared {
+                    fences.check(&tx, "r", 6).await
+                } else {
+                    volcano_fence::tokio_postgres::check_in(&tx, &table, "r", 6).await
+                }
+            },
+            tx.execute(insert, &[]),
+        );
+        let err = checked.unwrap_err();
+        assert!(err.is_stale(), "prepared {prepared}: {err}");
+        assert_eq!(err.highest_seen(), Some(7), "prepared {prepared}");
+        let _ = tx.execute(insert, &[]).await;
+        let _ = tx.commit().await;
+    }
+    let notes: i64 = client
+        .query_one("SELECT count(*) FROM fence_poison_tp.notes", &[])
+        .await
+        .unwrap()
+        .get(0);
+    assert_eq!(notes, 0);
 }
 
 /// The README's `psql` recipe for `volcano locks run` jobs
