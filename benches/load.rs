@@ -256,6 +256,14 @@ impl Server {
         }
     }
 
+    /// The server's loopback address (it announces a plain `http://` URL).
+    fn addr(&self) -> std::net::SocketAddr {
+        self.url
+            .trim_start_matches("http://")
+            .parse()
+            .expect("a loopback address")
+    }
+
     fn client(&self) -> Client {
         Client::builder()
             .anon_key("bench")
@@ -590,6 +598,37 @@ mod raw_load {
             .unwrap_or(0)
     }
 
+    /// One keep-alive connection with its key's two requests.
+    struct Connection {
+        stream: TcpStream,
+        buf: Vec<u8>,
+        acquire: Vec<u8>,
+        release: Vec<u8>,
+    }
+
+    impl Connection {
+        async fn open(addr: SocketAddr, key: &str, auth: &str, token: &str) -> Connection {
+            let stream = TcpStream::connect(addr).await.expect("connect");
+            stream.set_nodelay(true).unwrap();
+            let request_id = uuid::Uuid::new_v4().to_string();
+            let [acquire, release] = requests(&addr.to_string(), key, auth, &request_id, token);
+            Connection {
+                stream,
+                buf: Vec::with_capacity(8192),
+                acquire,
+                release,
+            }
+        }
+
+        /// One acquire + release, each answer checked.
+        async fn pair(&mut self) {
+            self.stream.write_all(&self.acquire).await.expect("write");
+            answer(&mut self.stream, &mut self.buf, b"201").await;
+            self.stream.write_all(&self.release).await.expect("write");
+            answer(&mut self.stream, &mut self.buf, b"204").await;
+        }
+    }
+
     /// Exactly `pairs` acquire + release pairs, spread over `connections`
     /// keep-alive connections, from one thread.
     pub(crate) fn run_pairs(
@@ -604,30 +643,17 @@ mod raw_load {
             .build()
             .unwrap();
         runtime.block_on(async {
-            let tasks: Vec<_> = (0..connections)
-                .map(|i| {
-                    let request_id = uuid::Uuid::new_v4().to_string();
-                    let [acquire, release] = requests(
-                        &addr.to_string(),
-                        &format!("instructions-{i}"),
-                        auth,
-                        &request_id,
-                        token,
-                    );
-                    let share = pairs / connections + usize::from(i < pairs % connections);
-                    tokio::spawn(async move {
-                        let mut stream = TcpStream::connect(addr).await.expect("connect");
-                        stream.set_nodelay(true).unwrap();
-                        let mut buf = Vec::with_capacity(8192);
-                        for _ in 0..share {
-                            stream.write_all(&acquire).await.expect("write");
-                            answer(&mut stream, &mut buf, b"201").await;
-                            stream.write_all(&release).await.expect("write");
-                            answer(&mut stream, &mut buf, b"204").await;
-                        }
-                    })
-                })
-                .collect();
+            let mut tasks = Vec::new();
+            for i in 0..connections {
+                let key = format!("instructions-{i}");
+                let mut connection = Connection::open(addr, &key, auth, token).await;
+                let share = pairs / connections + usize::from(i < pairs % connections);
+                tasks.push(tokio::spawn(async move {
+                    for _ in 0..share {
+                        connection.pair().await;
+                    }
+                }));
+            }
             for task in tasks {
                 task.await.unwrap();
             }
@@ -651,31 +677,21 @@ mod raw_load {
                 .build()
                 .unwrap();
             runtime.block_on(async move {
-                let mut streams = Vec::new();
+                let mut opened = Vec::new();
                 for i in 0..connections {
-                    let stream = TcpStream::connect(addr).await.expect("connect");
-                    stream.set_nodelay(true).unwrap();
-                    let request_id = uuid::Uuid::new_v4().to_string();
                     let key = format!("throughput-{i}");
-                    streams.push((
-                        stream,
-                        requests(&addr.to_string(), &key, &auth, &request_id, &token),
-                    ));
+                    opened.push(Connection::open(addr, &key, &auth, &token).await);
                 }
                 let cpu_before = super::thread_cpu_seconds();
                 let started = Instant::now();
                 let until = started + Duration::from_secs_f64(seconds);
-                let tasks: Vec<_> = streams
+                let tasks: Vec<_> = opened
                     .into_iter()
-                    .map(|(mut stream, [acquire, release])| {
+                    .map(|mut connection| {
                         tokio::spawn(async move {
-                            let mut buf = Vec::with_capacity(8192);
                             let mut pairs = 0u64;
                             while Instant::now() < until {
-                                stream.write_all(&acquire).await.expect("write");
-                                answer(&mut stream, &mut buf, b"201").await;
-                                stream.write_all(&release).await.expect("write");
-                                answer(&mut stream, &mut buf, b"204").await;
+                                connection.pair().await;
                                 pairs += 1;
                             }
                             pairs
@@ -713,11 +729,7 @@ struct Round {
 }
 
 fn round(server: &Server, connections: usize, seconds: f64) -> Round {
-    let addr = server
-        .url
-        .trim_start_matches("http://")
-        .parse()
-        .expect("a loopback address");
+    let addr = server.addr();
     let server_before = server.cpu_seconds();
     let run = raw_load::run(
         addr,
@@ -1286,8 +1298,7 @@ fn startup() {
         let started = Instant::now();
         let server = runtime.block_on(MockServer::start());
         starts.push(started.elapsed());
-        let addr: std::net::SocketAddr =
-            server.url().trim_start_matches("http://").parse().unwrap();
+        let addr = server.addr();
         let stopped = Instant::now();
         drop(server);
         let _ = until_refused(addr);
@@ -1308,10 +1319,7 @@ fn startup() {
     });
     let start_many = started.elapsed();
     let per_server_kib = rss_kib().saturating_sub(rss_before) as f64 / MANY as f64;
-    let addrs: Vec<std::net::SocketAddr> = servers
-        .iter()
-        .map(|s| s.url().trim_start_matches("http://").parse().unwrap())
-        .collect();
+    let addrs: Vec<std::net::SocketAddr> = servers.iter().map(MockServer::addr).collect();
     let stopped = Instant::now();
     drop(servers);
     for addr in addrs {
@@ -1429,24 +1437,29 @@ fn pairs_only(who: &str, count: usize) {
     });
 }
 
-/// Runs `command` under callgrind and returns the instructions it executed
-/// (its own process only; children run natively).
-fn callgrind(label: &str, command: &mut Command) -> u64 {
-    let out = format!(
-        "{}/target/benchmarks/callgrind-{label}.out",
-        env!("CARGO_MANIFEST_DIR")
-    );
-    std::fs::create_dir_all(concat!(env!("CARGO_MANIFEST_DIR"), "/target/benchmarks")).unwrap();
-    let status = command
-        .stdout(Stdio::null())
-        .status()
-        .expect("valgrind runs (apt install valgrind)");
-    assert!(status.success(), "{label}: {status}");
-    read_callgrind_total(&out)
+/// Where callgrind writes the counts of the run named `label`.
+fn callgrind_out(label: &str) -> String {
+    let dir = concat!(env!("CARGO_MANIFEST_DIR"), "/target/benchmarks");
+    std::fs::create_dir_all(dir).unwrap();
+    format!("{dir}/callgrind-{label}.out")
 }
 
-fn read_callgrind_total(path: &str) -> u64 {
-    let text = std::fs::read_to_string(path).unwrap_or_default();
+/// valgrind's callgrind, counting into [`callgrind_out`]`(label)`; only the
+/// process it starts is counted (children run natively).
+fn valgrind(label: &str) -> Command {
+    let mut command = Command::new("valgrind");
+    command.args([
+        "--tool=callgrind",
+        "-q",
+        &format!("--callgrind-out-file={}", callgrind_out(label)),
+    ]);
+    command
+}
+
+/// The instructions the finished run named `label` executed.
+fn callgrind_total(label: &str) -> u64 {
+    let path = callgrind_out(label);
+    let text = std::fs::read_to_string(&path).unwrap_or_default();
     text.lines()
         .find_map(|l| {
             l.strip_prefix("summary: ")
@@ -1454,19 +1467,6 @@ fn read_callgrind_total(path: &str) -> u64 {
         })
         .and_then(|v| v.split_whitespace().next()?.parse().ok())
         .unwrap_or_else(|| panic!("no total in {path}"))
-}
-
-fn valgrind(label: &str) -> Command {
-    let mut command = Command::new("valgrind");
-    command.args([
-        "--tool=callgrind",
-        "-q",
-        &format!(
-            "--callgrind-out-file={}/target/benchmarks/callgrind-{label}.out",
-            env!("CARGO_MANIFEST_DIR")
-        ),
-    ]);
-    command
 }
 
 /// Instructions per acquire + release pair, counted by callgrind (which
@@ -1486,12 +1486,14 @@ fn instructions() {
     let client = |who: &'static str| {
         let exe = exe.clone();
         move |label: &str, count: usize| {
-            callgrind(
-                label,
-                valgrind(label)
-                    .arg(&exe)
-                    .args(["--pairs", who, &count.to_string()]),
-            )
+            let status = valgrind(label)
+                .arg(&exe)
+                .args(["--pairs", who, &count.to_string()])
+                .stdout(Stdio::null())
+                .status()
+                .expect("valgrind runs (apt install valgrind)");
+            assert!(status.success(), "{label}: {status}");
+            callgrind_total(label)
         }
     };
     let sdk = per_pair("client-sdk", &client("sdk"));
@@ -1502,14 +1504,16 @@ fn instructions() {
             let mut command = valgrind(label);
             command.arg(&exe).args(["--serve", kind]);
             let server = Server::spawn(&mut command);
-            let addr = server.url.trim_start_matches("http://").parse().unwrap();
-            raw_load::run_pairs(addr, &format!("Bearer {}", server.key), TOKEN, 8, count);
-            let path = format!(
-                "{}/target/benchmarks/callgrind-{label}.out",
-                env!("CARGO_MANIFEST_DIR")
+            raw_load::run_pairs(
+                server.addr(),
+                &format!("Bearer {}", server.key),
+                TOKEN,
+                8,
+                count,
             );
+            // Closing its standard input ends it; callgrind writes on exit.
             drop(server);
-            read_callgrind_total(&path)
+            callgrind_total(label)
         }
     };
     let mock = per_pair("server-mock", &server("mock"));
