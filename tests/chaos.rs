@@ -65,6 +65,10 @@ struct FencedStore {
 /// The schema the chaos run's PostgreSQL store lives in.
 const PG_SCHEMA: &str = "volcano_chaos";
 
+/// Its fence table, with its statements built once.
+static PG_TABLE: std::sync::LazyLock<Table> =
+    std::sync::LazyLock::new(|| Table::in_schema(PG_SCHEMA).unwrap());
+
 impl FencedStore {
     async fn write(&self, fence: i64, at: DateTime<Utc>, db: Option<&AsyncMutex<PgClient>>) {
         match self.gate.check(KEY, fence) {
@@ -74,8 +78,7 @@ impl FencedStore {
         let Some(db) = db else { return };
         let mut db = db.lock().await;
         let tx = db.transaction().await.expect("begin");
-        let table = Table::in_schema(PG_SCHEMA).unwrap();
-        match volcano_fence::tokio_postgres::check_in(&tx, &table, KEY, fence).await {
+        match volcano_fence::tokio_postgres::check_in(&tx, &PG_TABLE, KEY, fence).await {
             Ok(()) => {
                 tx.execute(
                     "INSERT INTO volcano_chaos.writes (fence) VALUES ($1)",
@@ -112,8 +115,7 @@ async fn pg_setup(url: &str) {
     ))
     .await
     .unwrap();
-    let table = Table::in_schema(PG_SCHEMA).unwrap();
-    volcano_fence::tokio_postgres::migrate_in(&db, &table)
+    volcano_fence::tokio_postgres::migrate_in(&db, &PG_TABLE)
         .await
         .unwrap();
 }

@@ -45,6 +45,8 @@ enum Kind {
     },
     Retryable(Source),
     Database(Source),
+    /// A driver's error during `migrate`.
+    Migrating(Source),
 }
 
 impl Error {
@@ -103,7 +105,7 @@ impl Error {
     #[cfg(any(feature = "sqlx", feature = "tokio-postgres"))]
     pub(crate) fn migrating(source: Source) -> Self {
         Error {
-            kind: Kind::Database(source),
+            kind: Kind::Migrating(source),
         }
     }
 
@@ -180,6 +182,12 @@ impl fmt::Display for Error {
                  back and retry the transaction: {source}"
             ),
             Kind::Database(source) => write!(f, "the fence check failed in the database: {source}"),
+            Kind::Migrating(source) => {
+                write!(
+                    f,
+                    "migrating the fence table failed in the database: {source}"
+                )
+            }
         }
     }
 }
@@ -194,6 +202,7 @@ impl fmt::Debug for Error {
             Kind::NotMigrated { .. } => "NotMigrated",
             Kind::Retryable(_) => "Retryable",
             Kind::Database(_) => "Database",
+            Kind::Migrating(_) => "Migrating",
         };
         // The Display text says what happened and what to do; the source
         // (a driver's error) is in it where there is one.
@@ -204,9 +213,10 @@ impl fmt::Debug for Error {
 impl std::error::Error for Error {
     fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
         match &self.kind {
-            Kind::NotMigrated { source, .. } | Kind::Retryable(source) | Kind::Database(source) => {
-                Some(source.as_ref())
-            }
+            Kind::NotMigrated { source, .. }
+            | Kind::Retryable(source)
+            | Kind::Database(source)
+            | Kind::Migrating(source) => Some(source.as_ref()),
             _ => None,
         }
     }

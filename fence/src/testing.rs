@@ -23,10 +23,18 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::sync::OnceLock;
 
-/// A PostgreSQL server to test against.
-#[derive(Debug)]
+/// A PostgreSQL server to test against. Its `Debug` leaves out the URL,
+/// which may carry a password (`VOLCANO_TEST_PG_URL`).
 pub struct Postgres {
     url: String,
+}
+
+impl fmt::Debug for Postgres {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Postgres")
+            .field("url", &"[redacted]")
+            .finish()
+    }
 }
 
 /// Why no PostgreSQL server is available.
@@ -195,8 +203,14 @@ fn start_cluster() -> Result<Postgres, Unavailable> {
         .map_err(|e| unavailable(format!("no temporary folder: {e}")))?
         .keep();
     let data = dir.join("data");
-    // First, so that the folder goes away whatever fails next.
-    watch(&dir, &data, &bin.join("pg_ctl"), root);
+    // First, so that the folder goes away whatever fails next; without a
+    // watchdog nothing would stop the cluster, so none is started.
+    if let Err(err) = watch(&dir, &data, &bin.join("pg_ctl"), root) {
+        let _ = std::fs::remove_dir_all(&dir);
+        return Err(unavailable(format!(
+            "could not start the cluster's watchdog (sh): {err}"
+        )));
+    }
     if root {
         let mut chown = Command::new("chown");
         chown.arg("postgres:").arg(&dir);
@@ -241,7 +255,7 @@ static LIFELINE: OnceLock<std::sync::Mutex<Vec<std::process::ChildStdin>>> = Onc
 /// the test's group does not reach it): once this process has exited, it
 /// stops the cluster (immediate shutdown) and removes its folder. Paths
 /// are passed as arguments, never spliced into the script.
-fn watch(dir: &Path, data: &Path, pg_ctl: &Path, root: bool) {
+fn watch(dir: &Path, data: &Path, pg_ctl: &Path, root: bool) -> std::io::Result<()> {
     use std::os::unix::process::CommandExt as _;
     const SCRIPT: &str = r#"trap '' INT TERM HUP
 read _ignored
@@ -261,13 +275,12 @@ rm -rf "$1""#;
         .stderr(Stdio::null())
         .process_group(0)
         .spawn();
-    if let Ok(mut child) = child {
-        if let Some(stdin) = child.stdin.take() {
-            let lifeline = LIFELINE.get_or_init(Default::default);
-            lifeline
-                .lock()
-                .unwrap_or_else(std::sync::PoisonError::into_inner)
-                .push(stdin);
-        }
+    if let Some(stdin) = child?.stdin.take() {
+        let lifeline = LIFELINE.get_or_init(Default::default);
+        lifeline
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .push(stdin);
     }
+    Ok(())
 }
