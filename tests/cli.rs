@@ -582,3 +582,29 @@ async fn usage_errors_say_what_a_key_may_be_and_key_has_help() {
     let zero = volcano(&server, &["locks", "acquire", "k", "--ttl", "0"]).await;
     assert!(zero.stderr.contains("got 0 s"), "{}", zero.stderr);
 }
+
+/// An acquire the server applied but never answered, under a token the CLI
+/// generated (nobody was shown it): the process does not exit before the
+/// SDK's undo released it.
+#[tokio::test]
+async fn an_applied_unanswered_acquire_is_released_before_the_cli_exits() {
+    let server = MockServer::start().await;
+    // Both the attempt and acquire's one retry are applied, and their
+    // answers dropped.
+    server.inject(Fault::drop_response().on(Operation::Acquire).times(2));
+    let acquire = volcano(&server, &["locks", "acquire", "nightly", "--ttl", "60"]).await;
+    assert_eq!(acquire.code, 6, "{}", acquire.stderr);
+    assert!(
+        server.locks().iter().all(|lock| !lock.held),
+        "left held: {:?}",
+        server.locks()
+    );
+    assert!(
+        server
+            .requests()
+            .iter()
+            .any(|r| r.operation == Operation::Release && r.status == Some(204)),
+        "{:?}",
+        server.requests()
+    );
+}

@@ -17,7 +17,10 @@ Credentials come from VOLCANO_SERVICE_KEY, VOLCANO_ANON_KEY and VOLCANO_API_URL;
 flags override them.";
 
 /// Inspect and recover Volcano project locks.
-#[derive(Debug, Parser)]
+///
+/// No `Debug` here or on the commands: they hold the service key and an
+/// ownership token.
+#[derive(Parser)]
 #[command(name = "volcano", version, after_help = AFTER_HELP)]
 pub(crate) struct Cli {
     /// Output format.
@@ -61,7 +64,7 @@ pub(crate) enum Output {
     Json,
 }
 
-#[derive(Debug, Subcommand)]
+#[derive(Subcommand)]
 pub(crate) enum Command {
     /// Lock operations.
     #[command(subcommand)]
@@ -69,7 +72,7 @@ pub(crate) enum Command {
 }
 
 // The `locks` subcommands (a plain comment: doc comments on clap types become help text).
-#[derive(Debug, Subcommand)]
+#[derive(Subcommand)]
 pub(crate) enum LockCommand {
     /// Show whether KEY is held, until when, and the holder's fencing token.
     Get {
@@ -222,7 +225,7 @@ pub(crate) enum LockCommand {
     },
 }
 
-#[derive(Debug, Args)]
+#[derive(Args)]
 pub(crate) struct RequestId {
     /// Request id (a UUID) for correlating with the service's logs.
     #[arg(long)]

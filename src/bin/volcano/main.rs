@@ -26,7 +26,7 @@ use std::time::Duration;
 
 use clap::Parser as _;
 use serde_json::Value;
-use volcano::{Client, Locks};
+use volcano::Client;
 
 use crate::args::{Cli, Command, LockCommand};
 use crate::exit::{fail, Failure};
@@ -116,14 +116,28 @@ async fn execute(cli: Cli) -> Result<Done, Failure> {
                 kill_after,
                 command,
             };
-            run_and_shut_down(&client, &locks, args)
-                .await
-                .map(Done::Ran)
+            let ran = run::run(&locks, args).await;
+            shut_down(&client).await;
+            ran.map(Done::Ran)
         }
         LockCommand::Watch { keys, interval } => watch::watch(&locks, keys, interval, output)
             .await
-            .map(|_| Done::Watched),
-        command => admin::execute(&locks, command).await.map(Done::Value),
+            .map(|()| Done::Watched),
+        command => {
+            // A signal drops the request: an acquire of unknown outcome
+            // under a generated token is then undone by the SDK, in the
+            // background, which the shutdown below waits for.
+            let mut signals = child::Signals::install()?;
+            let done = tokio::select! {
+                done = admin::execute(&locks, command) => done.map(Done::Value),
+                stop = signals.next() => Err(fail(
+                    stop.shell_code(),
+                    format!("{stop:?} received; the request was abandoned"),
+                )),
+            };
+            shut_down(&client).await;
+            done
+        }
     }
 }
 
@@ -161,12 +175,6 @@ fn connect(
         .api_url(api_url)
         .timeout(timeout)
         .allow_insecure_http(allow_insecure_http);
-    if let Some(origin) = crosses_network_in_clear(api_url).filter(|_| allow_insecure_http) {
-        eprintln!(
-            "volcano: warning: --allow-insecure-http: the service key goes to {origin} in clear \
-             text (and through any HTTP proxy)"
-        );
-    }
     if timeout.is_zero() {
         return Err(fail(exit::INVALID, "--timeout must be above 0"));
     }
@@ -183,7 +191,15 @@ fn connect(
     if let Some(key) = anon_key.filter(|k| !k.is_empty()) {
         builder = builder.anon_key(key);
     }
-    builder.build().map_err(Failure::from)
+    let client = builder.build().map_err(Failure::from)?;
+    // Only once the URL was accepted: a refused one sends nothing.
+    if let Some(origin) = crosses_network_in_clear(api_url).filter(|_| allow_insecure_http) {
+        eprintln!(
+            "volcano: warning: --allow-insecure-http: the service key goes to {origin} in clear \
+             text (and through any HTTP proxy)"
+        );
+    }
+    Ok(client)
 }
 
 /// The origin (`http://host:port`, nothing else of the URL) when `api_url`
@@ -205,12 +221,11 @@ fn crosses_network_in_clear(api_url: &str) -> Option<String> {
     })
 }
 
-/// `locks run`, then the client's shutdown: anything handed to the
-/// background (a release that keeps failing) gets a few seconds before the
-/// process exits; a lease that may still be held is said, on standard
-/// error.
-async fn run_and_shut_down(client: &Client, locks: &Locks, args: RunArgs) -> Result<Ran, Failure> {
-    let ran = run::run(locks, args).await;
+/// The client's shutdown, after any command that sent requests: anything
+/// handed to the background (a release that keeps failing, the undo of an
+/// acquire whose outcome is unknown) gets a few seconds before the process
+/// exits; a lease that may still be held is said, on standard error.
+async fn shut_down(client: &Client) {
     let unreleased = client.shutdown(Duration::from_secs(5)).await;
     if !unreleased.is_empty() {
         eprintln!(
@@ -218,5 +233,4 @@ async fn run_and_shut_down(client: &Client, locks: &Locks, args: RunArgs) -> Res
             unreleased.join(", ")
         );
     }
-    ran
 }

@@ -47,7 +47,7 @@ pub(crate) struct WhenHeld {
 impl WhenHeld {
     /// The failure for a lock found held: `err` as it is, or a skip.
     fn failure(&self, key: &str, err: Error) -> Failure {
-        if !err.is_lock_held() || (self.exit_code.is_none() && !self.quiet) {
+        if !err.is_lock_held() {
             return Failure::from(err);
         }
         let mut failure = match self.exit_code {
@@ -297,8 +297,13 @@ fn lost_code(lost: &LockLost) -> u8 {
 /// token: a lease it obtained is released rather than left for its ttl
 /// (with a generated token the client does this itself).
 async fn release_own(locks: &Locks, key: &str, token: Option<&str>) {
-    if let Some(token) = token {
-        let _ = locks.release(&lease_of(key, token)).await;
+    let Some(token) = token else { return };
+    if let Err(err) = locks.release(&lease_of(key, token)).await {
+        // The token is the caller's: they can still release it.
+        eprintln!(
+            "volcano: warning: {key} may still be held under your --token until its ttl \
+             (the release after the failed acquire failed: {err})"
+        );
     }
 }
 

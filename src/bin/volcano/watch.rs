@@ -110,7 +110,7 @@ pub(crate) async fn watch(
     keys: Vec<String>,
     interval: Duration,
     output: Output,
-) -> Result<serde_json::Value, Failure> {
+) -> Result<(), Failure> {
     if interval < MIN_INTERVAL {
         return Err(fail(INVALID, "--interval must be at least 100ms"));
     }
@@ -127,9 +127,8 @@ pub(crate) async fn watch(
             _ = signals.next() => break,
         };
         pause = match result {
-            Ok(state)
-                if matches!(last[index], Last::Unseen) && first.iter().any(Option::is_none) =>
-            {
+            // Until every key was seen once (all flip to `Saw` together).
+            Ok(state) if matches!(last[index], Last::Unseen) => {
                 first[index] = Some(state);
                 if first.iter().all(Option::is_some) {
                     let at = Utc::now();
@@ -137,7 +136,7 @@ pub(crate) async fn watch(
                         let now = state.as_ref().and_then(seen);
                         let event = change(Last::Unseen, now, at).unwrap_or("free");
                         if !print(output, &keys[index], event, now, at) {
-                            return Ok(serde_json::Value::Null);
+                            return Ok(());
                         }
                         last[index] = Last::Saw(now);
                     }
@@ -187,7 +186,7 @@ pub(crate) async fn watch(
             _ = signals.next() => break,
         }
     }
-    Ok(serde_json::Value::Null)
+    Ok(())
 }
 
 #[cfg(test)]
