@@ -83,34 +83,50 @@ pub(super) fn successes(events: &[Stamped], server: &Server, out: &mut Vec<Strin
         let Event::Released { client, key } = &e.event else {
             continue;
         };
-        // The call returned the moment its last answer arrived.
-        let last = attempts.iter().find(|a| {
-            a.client == *client
-                && &a.key == key
-                && a.operation == Operation::Release
-                && a.answer.as_ref().is_some_and(|o| o.at == e.at)
-        });
-        let Some(last) = last else {
+        // The call returned the moment its last answer arrived. Another
+        // release of the key by the same client (a background one) may
+        // have been answered in the same tick: any of them will do.
+        let candidates: Vec<_> = attempts
+            .iter()
+            .filter(|a| {
+                a.client == *client
+                    && &a.key == key
+                    && a.operation == Operation::Release
+                    && a.answer.as_ref().is_some_and(|o| o.at == e.at)
+            })
+            .collect();
+        if candidates.is_empty() {
             out.push(format!(
                 "success without a release: client {client}'s release of {key} reported success \
                  at {:?}, and no release answer reached it then",
                 e.at
             ));
             continue;
+        }
+        // A call whose attempts (one request id) were all answered 409 or
+        // 429 and none applied freed nothing.
+        let freed_nothing = |id: &String| {
+            let applied = server.journal.iter().any(|r| {
+                r.request_id.as_ref() == Some(id)
+                    && r.operation == Operation::Release
+                    && r.status == Some(204)
+            });
+            let answers: Vec<Option<u16>> = attempts
+                .iter()
+                .filter(|a| &a.request_id == id)
+                .map(|a| a.answer.as_ref().map(|o| o.status))
+                .collect();
+            let known = answers.iter().all(|s| matches!(s, Some(409 | 429)));
+            (!applied && known).then_some(answers)
         };
-        let id = &last.request_id;
-        let applied = server.journal.iter().any(|r| {
-            r.request_id.as_ref() == Some(id)
-                && r.operation == Operation::Release
-                && r.status == Some(204)
-        });
-        let answers: Vec<Option<u16>> = attempts
+        let refusals: Vec<_> = candidates
             .iter()
-            .filter(|a| &a.request_id == id)
-            .map(|a| a.answer.as_ref().map(|o| o.status))
+            .map(|a| freed_nothing(&a.request_id))
             .collect();
-        let known = answers.iter().all(|s| matches!(s, Some(409 | 429)));
-        if !applied && known {
+        if let Some(Some(answers)) = refusals
+            .first()
+            .filter(|_| refusals.iter().all(Option::is_some))
+        {
             out.push(format!(
                 "false success: client {client}'s release of {key} reported success at {:?}, \
                  but the server applied none of its attempts (answers {answers:?})",
