@@ -180,7 +180,23 @@ impl Error {
     /// True when the request may have been applied although no usable
     /// answer says so: no answer (a refused connection excepted), a 5xx
     /// from the service or a proxy, an unexpected status, or a success
-    /// status whose body could not be used.
+    /// status whose body could not be used. After such an acquire the
+    /// lease may exist: acquire again with the same token to recover it
+    /// (or release it).
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: volcano::Locks, token: String) {
+    /// use std::time::Duration;
+    /// match locks.acquire("k", Duration::from_secs(30)).token(token.clone()).await {
+    ///     Err(err) if err.may_have_been_applied() => { /* acquire again with `token` */ }
+    ///     _ => {}
+    /// }
+    /// # }
+    /// ```
+    pub fn may_have_been_applied(&self) -> bool {
+        self.may_have_applied()
+    }
+
     pub(crate) fn may_have_applied(&self) -> bool {
         match self {
             Error::Transport(e) => e.kind != TransportKind::Connect,
@@ -243,6 +259,12 @@ pub enum LostReason {
     /// The scoped lock ended and its lease was released (seen by guard
     /// clones that outlive `with_lock`).
     Released,
+    /// The final release was answered `409`: another token held the lock
+    /// while this lease should still have been live (it was force-released,
+    /// or a clock jumped), so the work done since is not covered by the
+    /// lock. Reported by the release, `with_lock` and the set and leader
+    /// scopes; [`LockLost::cause`] is the `409`.
+    TakenOver,
 }
 
 /// Ownership of a scoped lock was lost. Stop protected work: another holder
@@ -300,6 +322,7 @@ impl fmt::Display for LostReason {
             LostReason::Marked => "marked lost",
             LostReason::MaxHold => "held for its max hold time; released",
             LostReason::Released => "the scoped lock ended and was released",
+            LostReason::TakenOver => "another token held the lock when it was released",
         })
     }
 }

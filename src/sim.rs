@@ -63,6 +63,8 @@ pub enum Sabotage {
     DeadlineFromReceipt,
     /// A waiting acquire keeps trying for 1 s past its deadline.
     TryAfterDeadline,
+    /// A refused release is dropped: not recorded for `Client::shutdown`.
+    DropRefusedRelease,
 }
 
 thread_local! {

@@ -56,6 +56,7 @@ pub(crate) fn lost(reason: LostReason) {
         LostReason::NoSafeWindow => "no_safe_window",
         LostReason::Marked => "marked",
         LostReason::MaxHold => "max_hold",
+        LostReason::TakenOver => "taken_over",
     };
     #[cfg(feature = "metrics")]
     metrics::counter!("volcano_lock_losses_total", "reason" => reason).increment(1);

@@ -135,6 +135,63 @@ async fn pause(wait: Duration, superseded: Option<&mut watch::Receiver<bool>>) {
     }
 }
 
+/// How letting go of a lease ended.
+#[derive(Debug)]
+pub(crate) enum LetGo {
+    /// Released: this token holds the lock no more.
+    Freed,
+    /// Answered `409`: another token holds the lock, so nothing of this
+    /// token's was left to release (it lapsed or was taken while held).
+    NotOurs(Error),
+    /// Not freed: still being tried in the background (a transient
+    /// failure), or refused and recorded for `Client::shutdown`. The error
+    /// is the last answer.
+    NotFreed(Error),
+}
+
+/// The one release policy for a lease this client holds and lets go of,
+/// whoever lets go (a held lock, a scope, a set, a leader's term): three
+/// attempts within one client timeout; after a transient failure the
+/// release goes on in the background; after a refusal (`401`, `403`,
+/// `400`, ...) the lease is recorded as possibly held, so that
+/// `Client::shutdown` names it whatever the caller does with the error.
+/// `live_for` says, once the attempts are over, how long the server may
+/// still keep the lease.
+pub(crate) async fn let_go(
+    locks: &Locks,
+    lease: &LockLease,
+    live_for: impl FnOnce() -> Duration,
+) -> LetGo {
+    let persistence = Persistence::foreground(locks);
+    let err = match confirmed(locks, lease, persistence, None).await {
+        Ok(()) => return LetGo::Freed,
+        Err(err @ Error::Conflict(_)) => return LetGo::NotOurs(err),
+        Err(err) => err,
+    };
+    let live_for = live_for();
+    if retry::is_transient(&err) {
+        in_background(
+            locks,
+            lease.clone(),
+            live_for,
+            "release failed; still trying",
+        );
+    } else if !sabotaged!(DropRefusedRelease) {
+        tracing::warn!(
+            key = lease.key(),
+            fencing_token = lease.fencing_token(),
+            error = %err,
+            "release refused; the lease may stay held until its ttl (Client::shutdown names it)"
+        );
+        locks.client().background().unreleased(
+            lease.key(),
+            lease.token(),
+            Instant::now().checked_add(live_for),
+        );
+    }
+    LetGo::NotFreed(err)
+}
+
 /// Hands a release of `lease` to the client's background releases, which
 /// [`Client::shutdown`](crate::Client::shutdown) waits for; it keeps trying
 /// for `live_for`, the longest the lease may still be live. A `409` means

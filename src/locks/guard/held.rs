@@ -13,9 +13,8 @@ use super::handle::LockGuard;
 use super::renewal::{renew_in_window, Counted, Renewal};
 use super::state::{MaxHold, State};
 use crate::error::{Error, LockLost, LostReason, Result};
-use crate::locks::release;
+use crate::locks::release::{self, LetGo};
 use crate::locks::{Acquire, Locks};
-use crate::retry::is_transient;
 use crate::validate;
 use crate::BoxFuture;
 
@@ -248,8 +247,13 @@ impl Deref for HeldLock {
 impl HeldLock {
     /// Stops renewing and releases the lease (tried again on transient
     /// failures; release is idempotent). Returns `Error::LockLost` if
-    /// ownership was lost while held (the release is still sent), else the
-    /// release's own error, if any.
+    /// ownership was lost while held (the release is still sent), or if
+    /// the release found another token holding the lock
+    /// ([`LostReason::TakenOver`]); else the release's own error, if any.
+    /// A release that did not free the lease goes on in the background
+    /// (a transient failure) or is recorded (a refusal): either way
+    /// [`Client::shutdown`](crate::Client::shutdown) names the key while
+    /// the lease may still be live.
     pub async fn release(self) -> Result<()> {
         match self.finish().await {
             (Some(lost), _) => Err(Error::LockLost(lost)),
@@ -277,49 +281,66 @@ impl HeldLock {
         let loss = state.failure();
         let released = LockLost::new(state.key.clone(), LostReason::Released);
         if sabotaged!(ReleaseBeforeMark) {
-            let result = self.release_lease().await;
+            let result = match self.release_lease().await {
+                LetGo::NotFreed(err) => Err(err),
+                LetGo::Freed | LetGo::NotOurs(_) => Ok(()),
+            };
             state.mark(released);
             return (loss, result);
         }
         state.mark(released);
-        let released = self.release_lease().await;
-        (loss, released)
+        match self.release_lease().await {
+            LetGo::Freed => (loss, Ok(())),
+            LetGo::NotFreed(err) => (loss, Err(err)),
+            // Another token holds the lock. Answered while the lease
+            // should still have been ours, that proves it was taken while
+            // held (a force release, a clock that jumped): the work since
+            // is not covered. Answered later, the lease may have lapsed
+            // during the release itself, after the work.
+            LetGo::NotOurs(conflict) => {
+                let taken = loss.is_none() && !state.remaining().is_zero();
+                if !taken {
+                    return (loss, Ok(()));
+                }
+                crate::telemetry::lost(LostReason::TakenOver);
+                tracing::warn!(
+                    key = %state.key,
+                    "lock lost: another token held it when it was released"
+                );
+                let lost =
+                    LockLost::new(state.key.clone(), LostReason::TakenOver).with_cause(conflict);
+                (Some(lost), Ok(()))
+            }
+        }
     }
 
-    /// Releases the latest lease (see [`release::confirmed`]), all within
-    /// the client's timeout. If that fails on transient errors, the release
-    /// goes on in the background for up to one ttl (the longest the server
-    /// may still keep the lease), so the lock ends free rather than held.
-    async fn release_lease(&mut self) -> Result<()> {
+    /// Lets go of the latest lease by the one release policy
+    /// ([`release::let_go`]): a failure goes on in the background or is
+    /// recorded for `Client::shutdown`.
+    async fn release_lease(&mut self) -> LetGo {
         let state = &self.guard.state;
         let lease = state.lease();
-        let persistence = release::Persistence::foreground(&self.locks);
-        let result = release::confirmed(&self.locks, &lease, persistence, None).await;
+        let outcome = release::let_go(&self.locks, &lease, || state.server_may_hold_for()).await;
         self.stage = Stage::Released;
-        match &result {
-            Ok(()) => tracing::info!(
+        match &outcome {
+            LetGo::Freed => tracing::info!(
                 key = lease.key(),
                 fencing_token = lease.fencing_token(),
                 "lock released"
             ),
-            Err(err) => {
-                tracing::warn!(
-                    key = lease.key(),
-                    fencing_token = lease.fencing_token(),
-                    error = %err,
-                    "lock release failed"
-                );
-                if is_transient(err) {
-                    release::in_background(
-                        &self.locks,
-                        lease,
-                        state.server_may_hold_for(),
-                        "final release failed; still trying",
-                    );
-                }
-            }
+            LetGo::NotOurs(_) => tracing::debug!(
+                key = lease.key(),
+                fencing_token = lease.fencing_token(),
+                "another token holds the lock: nothing of ours to release"
+            ),
+            LetGo::NotFreed(err) => tracing::warn!(
+                key = lease.key(),
+                fencing_token = lease.fencing_token(),
+                error = %err,
+                "lock release failed"
+            ),
         }
-        result
+        outcome
     }
 }
 

@@ -174,7 +174,9 @@ impl HoldAll {
     }
 }
 
-/// Releases the keys of a set that could not be completed.
+/// Releases the keys of a set that could not be completed. Their errors
+/// are not lost: a release that did not free its lease goes on in the
+/// background or is recorded for `Client::shutdown` (`release::let_go`).
 async fn let_go(held: Vec<HeldLock>) {
     for lock in held.into_iter().rev() {
         let _ = lock.release().await;
