@@ -62,6 +62,24 @@ impl Client {
         self.inner.transport.timeout()
     }
 
+    /// True when the API URL is plain `http://` to a host off loopback
+    /// (allowed only with
+    /// [`allow_insecure_http`](crate::ClientBuilder::allow_insecure_http)):
+    /// the service key then crosses the network in clear text. `localhost`
+    /// (also `localhost.`), `127.0.0.0/8`, `::1` and `::ffff:127.0.0.1`
+    /// are loopback; this is the same decision `build()` made.
+    ///
+    /// ```no_run
+    /// # fn demo(client: volcano::Client) {
+    /// if client.sends_key_in_clear() {
+    ///     eprintln!("warning: the service key goes to {} unencrypted", client.api_url());
+    /// }
+    /// # }
+    /// ```
+    pub fn sends_key_in_clear(&self) -> bool {
+        self.inner.transport.in_clear()
+    }
+
     /// How many scoped-lock renewal tasks of this client are alive right
     /// now: one per running `with_lock`, zero once they have all ended.
     ///

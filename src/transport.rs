@@ -61,6 +61,9 @@ pub(crate) struct Transport {
     /// The caller's client: what the SDK's own client sets by default
     /// (headers, the timeout) is set on each request instead.
     custom: bool,
+    /// Plain http to a host off loopback: the service key crosses a
+    /// network unencrypted.
+    in_clear: bool,
 }
 
 impl Transport {
@@ -84,6 +87,7 @@ impl Transport {
             auth,
             timeout,
             custom,
+            in_clear: !route.https && !route.loopback,
         })
     }
 
@@ -100,6 +104,10 @@ impl Transport {
 
     pub(crate) fn timeout(&self) -> Duration {
         self.timeout
+    }
+
+    pub(crate) fn in_clear(&self) -> bool {
+        self.in_clear
     }
 
     /// Sends `op` (acquire: up to twice) and returns its decoded success.

@@ -463,7 +463,9 @@ async fn plain_http_off_loopback_needs_the_flag_and_gets_a_warning() {
     let cli = |env: &[(&str, &str)], extra: &[&str]| {
         let mut command = std::process::Command::new(env!("CARGO_BIN_EXE_volcano"));
         command
-            .args(["--api-url", "http://192.0.2.1:9", "--timeout", "1s"])
+            // Not loopback by the rule, yet it reaches only this machine
+            // (where nothing listens on port 9): no traffic leaves it.
+            .args(["--api-url", "http://0.0.0.0:9", "--timeout", "1s"])
             .args(extra)
             .args(["locks", "get", "report"])
             .env_clear()
@@ -606,5 +608,89 @@ async fn an_applied_unanswered_acquire_is_released_before_the_cli_exits() {
             .any(|r| r.operation == Operation::Release && r.status == Some(204)),
         "{:?}",
         server.requests()
+    );
+}
+
+#[tokio::test]
+async fn the_clear_text_warning_follows_the_sdks_loopback_rule() {
+    let server = MockServer::start().await;
+    let port = server.url().rsplit(':').next().unwrap().to_owned();
+    // IPv4 loopback written as an IPv6 address, and `localhost.`: loopback,
+    // so the flag allows nothing more and nothing is said.
+    for host in ["[::ffff:127.0.0.1]", "localhost."] {
+        let url = format!("http://{host}:{port}");
+        let run = volcano(
+            &server,
+            &[
+                "--api-url",
+                &url,
+                "--allow-insecure-http",
+                "locks",
+                "get",
+                "k",
+            ],
+        )
+        .await;
+        assert!(!run.stderr.contains("clear"), "{url}: {}", run.stderr);
+    }
+}
+
+/// A pipe whose reading end is already closed: what a command writing to
+/// `... | head -1` meets once `head` has exited.
+fn closed_pipe() -> Stdio {
+    let (sender, receiver) = tokio::net::unix::pipe::pipe().unwrap();
+    drop(receiver);
+    Stdio::from(sender.into_blocking_fd().unwrap())
+}
+
+#[tokio::test]
+async fn a_closed_standard_output_ends_a_command_quietly() {
+    let server = MockServer::start().await;
+    for format in ["text", "json"] {
+        let output = Command::new(env!("CARGO_BIN_EXE_volcano"))
+            .args(["--output", format, "locks", "get", "k"])
+            .env_clear()
+            .env("VOLCANO_API_URL", server.url())
+            .env("VOLCANO_SERVICE_KEY", server.service_key())
+            .stdin(Stdio::null())
+            .stdout(closed_pipe())
+            .stderr(Stdio::piped())
+            // Not `output()`: it would capture standard output.
+            .spawn()
+            .unwrap()
+            .wait_with_output()
+            .await
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        // A shell's code for a write to a closed pipe, and nothing said.
+        assert_eq!(output.status.code(), Some(141), "{stderr}");
+        assert!(stderr.is_empty(), "{stderr}");
+    }
+}
+
+#[tokio::test]
+async fn an_applied_acquire_whose_answer_is_unusable_exits_6() {
+    use wiremock::matchers::method;
+    use wiremock::{Mock, ResponseTemplate};
+    let service = wiremock::MockServer::start().await;
+    // 201: the lease was granted; the body breaks the contract.
+    Mock::given(method("POST"))
+        .respond_with(ResponseTemplate::new(201).set_body_json(serde_json::json!({"key": 5})))
+        .mount(&service)
+        .await;
+    let output = Command::new(env!("CARGO_BIN_EXE_volcano"))
+        .args(["locks", "acquire", "k", "--token", TOKEN])
+        .env_clear()
+        .env("VOLCANO_API_URL", service.uri())
+        .env("VOLCANO_SERVICE_KEY", "key")
+        .stdin(Stdio::null())
+        .output()
+        .await
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(
+        output.status.code(),
+        Some(6),
+        "may have been applied: run again with the same --token ({stderr})"
     );
 }

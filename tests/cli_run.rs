@@ -691,3 +691,130 @@ async fn max_hold_stops_the_command_and_exits_9() {
     assert_eq!(summary["lost"], true);
     assert!(!live(&server, "report"), "released");
 }
+
+/// A script that writes `mark.started`, then waits (up to a minute) for
+/// `mark.go` to exist and exits 0.
+fn waits_for_go(mark: &Path) -> String {
+    format!(
+        "echo started > {0}.started; i=0; while [ ! -e {0}.go ] && [ $i -lt 600 ]; do \
+         sleep 0.1; i=$((i+1)); done; exit 0",
+        mark.display()
+    )
+}
+
+/// The lease is force-released and taken by another token while the
+/// command runs, before any renewal (ttl 60 s): only the final release,
+/// answered "ownership lost", can tell. The command's work was done, at
+/// least in part, without the lock: exit 8, never 0.
+#[tokio::test]
+async fn a_lock_taken_over_before_any_renewal_exits_8() {
+    let server = MockServer::start().await;
+    let dir = scratch("taken");
+    let mark = dir.join("mark");
+    let child = volcano(
+        &server,
+        &[
+            "--output",
+            "json",
+            "locks",
+            "run",
+            "report",
+            "--ttl",
+            "60",
+            "--",
+            "/bin/sh",
+            "-c",
+            &waits_for_go(&mark),
+        ],
+    )
+    .spawn()
+    .unwrap();
+    started(&mark).await;
+    force_release(&server, "report").await;
+    let other = volcano::Client::for_mock(&server).locks();
+    let theirs = other
+        .acquire("report", Duration::from_secs(60))
+        .await
+        .unwrap();
+    std::fs::write(mark.with_extension("go"), "go").unwrap();
+    let ended = ended(child).await;
+    assert_eq!(ended.code, Some(8), "{}", ended.stderr);
+    let summary = ended.summary();
+    assert_eq!(summary["lost"], true, "{summary}");
+    assert_eq!(
+        summary["lost_reason"],
+        "another token held the lock when it was released"
+    );
+    assert_eq!(summary["exit_code"], 0, "the command itself succeeded");
+    assert!(
+        ended.stderr.contains("without the lock"),
+        "{}",
+        ended.stderr
+    );
+    assert!(
+        !ended.stderr.contains("expires within its ttl"),
+        "it is another holder's lock: {}",
+        ended.stderr
+    );
+    // The other holder's lease is untouched.
+    let state = other.get("report").await.unwrap();
+    assert_eq!(state.fencing_token(), Some(theirs.fencing_token()));
+    assert!(state.held());
+}
+
+/// A pipe whose reading end is already closed (`... | true`).
+fn closed_pipe() -> Stdio {
+    let (sender, receiver) = tokio::net::unix::pipe::pipe().unwrap();
+    drop(receiver);
+    Stdio::from(sender.into_blocking_fd().unwrap())
+}
+
+#[tokio::test]
+async fn run_keeps_its_commands_exit_code_when_nobody_reads_its_output() {
+    let server = MockServer::start().await;
+    let output = volcano(
+        &server,
+        &[
+            "--output", "json", "locks", "run", "report", "--", "/bin/sh", "-c", "exit 3",
+        ],
+    )
+    .stdout(closed_pipe())
+    // Not `output()`: it would capture standard output.
+    .spawn()
+    .unwrap()
+    .wait_with_output()
+    .await
+    .unwrap();
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert_eq!(output.status.code(), Some(3), "{stderr}");
+    assert!(!stderr.contains("panicked"), "{stderr}");
+    assert!(!live(&server, "report"), "released");
+}
+
+/// `watch ... | head -1`: once the reader is gone, watch stops polling the
+/// service (and spending the project's quota) without waiting for a
+/// change to write.
+#[tokio::test]
+async fn watch_stops_when_nobody_reads_its_output() {
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    let server = MockServer::start().await;
+    let mut watch = volcano(&server, &["locks", "watch", "quiet", "--interval", "100ms"])
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(watch.stdout.take().unwrap()).lines();
+    let first = tokio::time::timeout(Duration::from_secs(10), lines.next_line())
+        .await
+        .expect("a first line")
+        .unwrap()
+        .unwrap();
+    assert!(first.ends_with("quiet free"), "{first}");
+    drop(lines);
+    let status = tokio::time::timeout(Duration::from_secs(10), watch.wait())
+        .await
+        .expect("watch ends with nobody reading, though nothing changes")
+        .unwrap();
+    assert_eq!(status.code(), Some(0));
+    let sent = server.requests().len();
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(server.requests().len(), sent, "no request after it ended");
+}

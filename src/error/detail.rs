@@ -82,10 +82,11 @@ pub struct TransportError {
 }
 
 impl fmt::Display for TransportError {
-    /// A failed connection names the server and the root cause (refused,
-    /// unknown host, certificate...), and says nothing was sent; the other
-    /// kinds say that the request may have been applied. No secrets: the
-    /// origin carries no key, path or credential.
+    /// A failed connection names the server and says nothing was sent; the
+    /// other kinds say that the request may have been applied. The reason
+    /// (refused, unknown host, certificate...) is in `source()` only, so
+    /// an error chain prints it once. No secrets: the origin carries no
+    /// key, path or credential.
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.kind != TransportKind::Connect {
             return write!(f, "{}", self.kind);
@@ -94,17 +95,7 @@ impl fmt::Display for TransportError {
         if let Some(server) = &self.server {
             write!(f, " at {server}")?;
         }
-        let mut root: Option<&(dyn std::error::Error + 'static)> = self
-            .source
-            .as_deref()
-            .map(|e| e as &(dyn std::error::Error + 'static));
-        while let Some(next) = root.and_then(std::error::Error::source) {
-            root = Some(next);
-        }
-        if let Some(root) = root {
-            write!(f, " ({root})")?;
-        }
-        f.write_str("; nothing was sent")
+        f.write_str(" (nothing was sent)")
     }
 }
 

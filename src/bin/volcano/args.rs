@@ -7,11 +7,12 @@ use clap::{Args, Parser, Subcommand, ValueEnum};
 
 const AFTER_HELP: &str = "\
 Exit codes: 0 ok, 1 other error, 2 invalid argument, 3 conflict (lock held or
-ownership lost), 4 authentication, 5 rate limited, 6 server or transport error
-(outcome unknown), 7 force-release not confirmed, 8 lock lost while `run`'s
-command ran, 9 `run`'s --max-hold ended the command, 10 could not connect
-(nothing was sent). `run` otherwise exits with its command's code (126/127 if the
-command cannot be started; 128+N if a signal N ended it).
+ownership lost), 4 authentication, 5 rate limited, 6 outcome unknown (server or
+transport error, or an unusable answer: it may have been applied), 7
+force-release not confirmed, 8 lock lost while `run`'s command ran, 9 `run`'s
+--max-hold ended the command, 10 could not connect (nothing was sent), 141
+standard output closed. `run` otherwise exits with its command's code (126/127
+if the command cannot be started; 128+N if a signal N ended it).
 
 Credentials come from VOLCANO_SERVICE_KEY, VOLCANO_ANON_KEY and VOLCANO_API_URL;
 flags override them.";

@@ -26,21 +26,34 @@ pub(crate) struct Failure {
     pub(crate) skipped: bool,
 }
 
+/// The exit code of an SDK error: one table for every command. Any
+/// outcome the service may have applied (no answer, a 5xx, an unexpected
+/// status, a success whose body could not be used) is 6, so that a script
+/// acquiring with `--token` knows to run the same command again to recover
+/// a lease that may exist.
+pub(crate) fn code_of(error: &Error) -> u8 {
+    match error {
+        Error::InvalidArgument(_) => INVALID,
+        // A loss before `run`'s command started: no work was done.
+        Error::Conflict(_) | Error::LockLost(_) => CONFLICT,
+        Error::Authentication(_) => AUTH,
+        Error::RateLimited(_) => RATE_LIMITED,
+        Error::Transport(t) if t.is_connect() => NOT_SENT,
+        error if error.may_have_been_applied() => UNAVAILABLE,
+        _ => OTHER,
+    }
+}
+
 impl From<Error> for Failure {
     fn from(error: Error) -> Self {
-        let code = match &error {
-            Error::InvalidArgument(_) => INVALID,
-            Error::Conflict(_) | Error::LockLost(_) => CONFLICT,
-            Error::Authentication(_) => AUTH,
-            Error::RateLimited(_) => RATE_LIMITED,
-            Error::Transport(t) if t.is_connect() => NOT_SENT,
-            Error::Server(_) | Error::Transport(_) => UNAVAILABLE,
-            _ => OTHER,
-        };
-        // A failed connection's message already names the server and the
-        // root cause; the chain would repeat it.
+        let code = code_of(&error);
+        // A failed connection's reason is its root cause; the layers in
+        // between repeat the URL.
         let mut message = match &error {
-            Error::Transport(t) if t.is_connect() => error.to_string(),
+            Error::Transport(t) if t.is_connect() => match root(&error) {
+                Some(root) => format!("{error}: {root}"),
+                None => error.to_string(),
+            },
             _ => chain(&error),
         };
         if matches!(error, Error::InvalidArgument(_)) && message.contains("allow_insecure_http") {
@@ -54,6 +67,13 @@ impl From<Error> for Failure {
             skipped: false,
         }
     }
+}
+
+/// The last of `error`'s sources, if it has any.
+fn root(error: &dyn std::error::Error) -> Option<String> {
+    std::iter::successors(error.source(), |e| e.source())
+        .last()
+        .map(ToString::to_string)
 }
 
 /// A failure that is not an SDK error.

@@ -51,8 +51,11 @@ async fn main() -> ExitCode {
     let format = cli.output;
     match execute(cli).await {
         Ok(Done::Value(value)) => {
-            output::print(format, &value);
-            ExitCode::SUCCESS
+            if output::print(format, &value) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::from(output::CLOSED_OUTPUT)
+            }
         }
         Ok(Done::Watched) => ExitCode::SUCCESS,
         Ok(Done::Ran(ran)) => {
@@ -192,33 +195,24 @@ fn connect(
         builder = builder.anon_key(key);
     }
     let client = builder.build().map_err(Failure::from)?;
-    // Only once the URL was accepted: a refused one sends nothing.
-    if let Some(origin) = crosses_network_in_clear(api_url).filter(|_| allow_insecure_http) {
+    // Only once the URL was accepted: a refused one sends nothing. The
+    // SDK decides what is loopback, as it did to accept the URL.
+    if client.sends_key_in_clear() {
         eprintln!(
-            "volcano: warning: --allow-insecure-http: the service key goes to {origin} in clear \
-             text (and through any HTTP proxy)"
+            "volcano: warning: --allow-insecure-http: the service key goes to {} in clear \
+             text (and through any HTTP proxy)",
+            origin(client.api_url())
         );
     }
     Ok(client)
 }
 
-/// The origin (`http://host:port`, nothing else of the URL) when `api_url`
-/// is plain http to a host off loopback.
-fn crosses_network_in_clear(api_url: &str) -> Option<String> {
-    let url = reqwest::Url::parse(api_url).ok()?;
-    let loopback = match url.host()? {
-        url::Host::Domain(name) => name.eq_ignore_ascii_case("localhost"),
-        url::Host::Ipv4(ip) => ip.is_loopback(),
-        url::Host::Ipv6(ip) => ip.is_loopback(),
-    };
-    if url.scheme() != "http" || loopback {
-        return None;
+/// `http://host:port` of `api_url`, nothing else of the URL (no path).
+fn origin(api_url: &str) -> String {
+    match reqwest::Url::parse(api_url) {
+        Ok(url) => url.origin().ascii_serialization(),
+        Err(_) => api_url.to_owned(),
     }
-    let host = url.host_str()?;
-    Some(match url.port_or_known_default() {
-        Some(port) => format!("http://{host}:{port}"),
-        None => format!("http://{host}"),
-    })
 }
 
 /// The client's shutdown, after any command that sent requests: anything

@@ -1,6 +1,15 @@
 //! What the CLI prints: a command's value, as text or as one JSON object on
 //! standard output; `run`'s warning and summary; a failure on standard
 //! error.
+//!
+//! Standard output may be a pipe whose reader has gone (`... | head -1`):
+//! that is an ordinary event, never a panic. A line that cannot be written
+//! is reported to the caller (`line` returns `false`), and `closed()`
+//! notices a closed output without writing to it.
+
+use std::fmt::Display;
+use std::io::Write as _;
+use std::time::Duration;
 
 use serde_json::{json, Value};
 use volcano::{Error, LockLease, LockState};
@@ -41,58 +50,110 @@ pub(crate) fn lease_json(lease: &LockLease, show_token: bool) -> Value {
     value
 }
 
-/// A command's value: the JSON object, or a line of text per kind.
-pub(crate) fn print(output: Output, value: &Value) {
+/// The exit code of a command whose standard output closed before its
+/// value was written: a shell's for SIGPIPE, printing nothing more.
+pub(crate) const CLOSED_OUTPUT: u8 = 128 + 13;
+
+/// One line on standard output; `false` when it could not be written
+/// (nobody reads it any more).
+pub(crate) fn line(text: impl Display) -> bool {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{text}").and_then(|()| out.flush()).is_ok()
+}
+
+/// Resolves once nobody can read standard output (the reading end of its
+/// pipe closed, its terminal hung up); never for a file. Looks every
+/// 100 ms without writing anything.
+pub(crate) async fn closed() {
+    loop {
+        if gone() {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[cfg(unix)]
+fn gone() -> bool {
+    use rustix::event::{poll, PollFd, PollFlags, Timespec};
+    use std::os::fd::AsFd as _;
+    let stdout = std::io::stdout();
+    let fd = stdout.as_fd();
+    // Asked for nothing: only an error or a hang-up is reported.
+    let mut fds = [PollFd::new(&fd, PollFlags::empty())];
+    let now = Timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    match poll(&mut fds, Some(&now)) {
+        Ok(ready) if ready > 0 => fds[0]
+            .revents()
+            .intersects(PollFlags::ERR | PollFlags::HUP | PollFlags::NVAL),
+        _ => false,
+    }
+}
+
+#[cfg(not(unix))]
+fn gone() -> bool {
+    false
+}
+
+/// A command's value: the JSON object, or a line of text per kind;
+/// `false` if standard output was closed.
+pub(crate) fn print(output: Output, value: &Value) -> bool {
     if output == Output::Json {
-        println!("{value}");
-        return;
+        return line(value);
     }
     let key = value["key"].as_str().unwrap_or_default();
     if value["released"] == false {
-        println!(
+        line(format_args!(
             "{key} was not held by anyone: this token's lease had already ended (expired or \
              force-released); nothing to release"
-        );
+        ))
     } else if value.get("released").is_some() {
-        println!("released {key}");
+        line(format_args!("released {key}"))
     } else if value.get("force_released").is_some() {
         match value["was_held"].as_bool() {
-            Some(true) => println!(
+            Some(true) => line(format_args!(
                 "force-released {key} (held when checked, fencing token {})",
                 value["fencing_token"]
-            ),
-            Some(false) => println!("{key} was free when checked; force-released anyway"),
-            None => println!("force-released {key}"),
+            )),
+            Some(false) => line(format_args!(
+                "{key} was free when checked; force-released anyway"
+            )),
+            None => line(format_args!("force-released {key}")),
         }
     } else if value["held"] == true {
         let left = value["time_remaining_ms"]
             .as_i64()
             .map(|ms| format!(", {:.1} s left", ms as f64 / 1000.0))
             .unwrap_or_default();
-        println!(
+        let mut written = line(format_args!(
             "{key}: held until {} (fencing token {}{left})",
             value["expires_at"].as_str().unwrap_or("?"),
             value["fencing_token"]
-        );
+        ));
         if let Some(token) = value.get("token").and_then(Value::as_str) {
-            println!("token: {token}");
+            written &= line(format_args!("token: {token}"));
         }
         if let Some(note) = value.get("note").and_then(Value::as_str) {
             eprintln!("note: {note}");
         }
+        written
     } else {
-        println!("{key}: free");
+        line(format_args!("{key}: free"))
     }
 }
 
 /// How `run` ended: its warning on standard error, and with `--output
-/// json` its summary on the last line of standard output.
+/// json` its summary on the last line of standard output (if anyone still
+/// reads it: the exit code is the command's either way).
 pub(crate) fn ended(output: Output, ran: &Ran) {
     if let Some(warning) = &ran.warning {
         eprintln!("volcano: {warning}");
     }
     if output == Output::Json {
-        println!("{}", ran.summary);
+        let _ = line(&ran.summary);
     }
 }
 

@@ -241,6 +241,13 @@ async fn finish(holding: Holding<'_>, status: ExitStatus, stopped: Stopped) -> R
     // since it exited), even one seen only now.
     let loss = holding.held.failure();
     let released = holding.held.release().await;
+    // A release that found another token holding the lock proves a loss
+    // the renewals had not seen yet (a force release before the first
+    // renewal): the command ran, at least in part, without the lock.
+    let loss = match (loss, &released) {
+        (None, Err(Error::LockLost(taken))) => Some(taken.clone()),
+        (loss, _) => loss,
+    };
 
     let (exit_code, signal) = describe(status);
     let mut warnings = Vec::new();
@@ -254,7 +261,7 @@ async fn finish(holding: Holding<'_>, status: ExitStatus, stopped: Stopped) -> R
     match released {
         Ok(()) | Err(Error::LockLost(_)) => {}
         Err(err) => warnings.push(format!(
-            "releasing the lock failed ({err}); it expires within its ttl"
+            "releasing the lock failed ({err}); it may stay held until its ttl"
         )),
     }
     let summary = json!({
@@ -278,6 +285,10 @@ async fn finish(holding: Holding<'_>, status: ExitStatus, stopped: Stopped) -> R
 /// ended first, else SIGTERM, then SIGKILL if it did not stop.
 fn lost_warning(lost: &LockLost, stopped: Stopped) -> String {
     match (stopped.terminated, stopped.killed) {
+        (false, _) if lost.reason() == volcano::LostReason::TakenOver => format!(
+            "{lost}; it was force-released or taken over while the command ran, so the \
+             command ran at least in part without the lock"
+        ),
         (false, _) => format!("{lost}, as the command ended"),
         (true, false) => format!("{lost}; the command was sent SIGTERM"),
         (true, true) => format!("{lost}; the command was sent SIGTERM, then SIGKILL"),

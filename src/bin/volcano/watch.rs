@@ -15,6 +15,7 @@ use volcano::{LockState, Locks};
 use crate::args::Output;
 use crate::child::Signals;
 use crate::exit::{fail, Failure, INVALID};
+use crate::output;
 
 /// The shortest interval between two requests.
 pub(crate) const MIN_INTERVAL: Duration = Duration::from_millis(100);
@@ -73,7 +74,6 @@ fn seen(state: &LockState) -> Option<Seen> {
 /// One line on standard output; `false` once nobody reads it (a closed
 /// pipe: `watch ... | head -1`).
 fn print(output: Output, key: &str, event: &str, state: Option<Seen>, at: DateTime<Utc>) -> bool {
-    use std::io::Write as _;
     let stamp = |t: DateTime<Utc>| t.to_rfc3339_opts(SecondsFormat::Millis, true);
     let line = if output == Output::Json {
         json!({
@@ -100,11 +100,11 @@ fn print(output: Output, key: &str, event: &str, state: Option<Seen>, at: DateTi
             (_, None) => format!("{} {key} {event}", stamp(at)),
         }
     };
-    let mut out = std::io::stdout().lock();
-    writeln!(out, "{line}").and_then(|()| out.flush()).is_ok()
+    crate::output::line(line)
 }
 
-/// Watches `keys` until a signal; exit 0 then.
+/// Watches `keys` until a signal, or until nobody reads the output (seen
+/// while waiting too, so that no request is sent for nobody); exit 0 then.
 pub(crate) async fn watch(
     locks: &Locks,
     keys: Vec<String>,
@@ -125,6 +125,7 @@ pub(crate) async fn watch(
         let result = tokio::select! {
             result = locks.get(key) => result,
             _ = signals.next() => break,
+            () = output::closed() => break,
         };
         pause = match result {
             // Until every key was seen once (all flip to `Saw` together).
@@ -177,6 +178,7 @@ pub(crate) async fn watch(
                 tokio::select! {
                     () = tokio::time::sleep(wait) => {}
                     _ = signals.next() => break,
+                    () = output::closed() => break,
                 }
                 slower
             }
@@ -184,6 +186,7 @@ pub(crate) async fn watch(
         tokio::select! {
             () = tokio::time::sleep(pause) => {}
             _ = signals.next() => break,
+            () = output::closed() => break,
         }
     }
     Ok(())
