@@ -289,12 +289,20 @@ impl Acquire {
     ) -> Result<Measured> {
         let mut then = wait::Then::Acquire;
         loop {
+            // What the last try said, for the log: held, or its error.
+            let mut failed: Option<String> = None;
             let step = match then {
                 wait::Then::Acquire => {
                     let window = waiter.window();
                     match self.try_once(ttl, token, request_id, window, undo).await {
                         Ok(measured) => return Ok(measured),
-                        Err(err) => waiter.after(err),
+                        Err(err) => {
+                            self.log_episode(waiter.episode(&err), &err);
+                            if !err.is_lock_held() {
+                                failed = Some(err.to_string());
+                            }
+                            waiter.after(err)
+                        }
                     }
                 }
                 wait::Then::LookAtHolder => {
@@ -315,17 +323,46 @@ impl Acquire {
                     pause
                 }
             };
-            tracing::debug!(
-                key = %self.key,
-                request_id,
-                pause_ms = pause.as_millis() as u64,
-                then = ?then,
-                "lock held; waiting"
-            );
+            match &failed {
+                None => tracing::debug!(
+                    key = %self.key,
+                    request_id,
+                    pause_ms = pause.as_millis() as u64,
+                    then = ?then,
+                    "lock held; waiting"
+                ),
+                Some(error) => tracing::debug!(
+                    key = %self.key,
+                    request_id,
+                    error,
+                    pause_ms = pause.as_millis() as u64,
+                    then = ?then,
+                    "acquire failed; trying again"
+                ),
+            }
             tokio::time::sleep(pause.min(waiter.remaining())).await;
             if let Some(err) = waiter.timed_out() {
                 return Err(err);
             }
+        }
+    }
+
+    /// Says at WARN when a wait's tries have failed without an answer for
+    /// a while (a leader that cannot reach the service would otherwise
+    /// wait in silence), and at INFO when answers come back.
+    fn log_episode(&self, episode: Option<wait::Episode>, err: &crate::Error) {
+        match episode {
+            Some(wait::Episode::Unanswered(failing)) => tracing::warn!(
+                key = %self.key,
+                error = %err,
+                failing_secs = failing.as_secs(),
+                "acquire keeps failing without an answer about the lock; still trying"
+            ),
+            Some(wait::Episode::Answered) => tracing::info!(
+                key = %self.key,
+                "the lock service answers again; still waiting for the lock"
+            ),
+            None => {}
         }
     }
 

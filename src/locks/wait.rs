@@ -120,6 +120,26 @@ pub(crate) struct Waiter {
     last_uncertain: Option<Error>,
     /// The step being taken follows a look at the holder.
     looked: bool,
+    /// The newest failed try had no answer (a transport failure, a 503)
+    /// and no `409` came since: nothing says the lock is held.
+    unanswered: bool,
+    /// Since when the tries have been failing without an answer about the
+    /// lock, and whether that was said already.
+    failing_since: Option<Instant>,
+    warned: bool,
+}
+
+/// How long the tries of a wait fail without an answer (the service is
+/// unreachable or failing) before it is said at WARN, once per episode.
+pub(crate) const WARN_UNANSWERED_AFTER: Duration = Duration::from_secs(30);
+
+/// What a wait's logs say of a failed try.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Episode {
+    /// Failing without an answer for [`WARN_UNANSWERED_AFTER`]: warn.
+    Unanswered(Duration),
+    /// Answered again after such a warning.
+    Answered,
 }
 
 impl Waiter {
@@ -133,7 +153,29 @@ impl Waiter {
             last_other: None,
             last_uncertain: None,
             looked: false,
+            unanswered: false,
+            failing_since: None,
+            warned: false,
         }
+    }
+
+    /// Notes whether a failed try was answered by the service about the
+    /// lock (`409`, or a `429` about the quota) or not (no answer, a 5xx),
+    /// and says when an episode of unanswered tries needs a warning, or
+    /// ends after one.
+    pub(crate) fn episode(&mut self, err: &Error) -> Option<Episode> {
+        let answered = matches!(err, Error::Conflict(_) | Error::RateLimited(_));
+        if answered {
+            self.failing_since = None;
+            return std::mem::take(&mut self.warned).then_some(Episode::Answered);
+        }
+        let since = *self.failing_since.get_or_insert_with(Instant::now);
+        let failing = since.elapsed();
+        if self.warned || failing < WARN_UNANSWERED_AFTER {
+            return None;
+        }
+        self.warned = true;
+        Some(Episode::Unanswered(failing))
     }
 
     /// Time left before the caller's timeout (`Duration::MAX`: no deadline).
@@ -171,6 +213,7 @@ impl Waiter {
                 // The lock is someone else's (or our lapsed lease's): no
                 // earlier try of ours holds it.
                 self.last_uncertain = None;
+                self.unanswered = false;
                 self.last_conflict = Some(err);
                 match self.toward_the_holder() {
                     Some(step) => step,
@@ -188,6 +231,7 @@ impl Waiter {
             }
             Error::RateLimited(_) => {
                 let pause = self.spread(err.retry_after());
+                self.unanswered = false;
                 self.last_other = Some(err);
                 (pause, Then::Acquire)
             }
@@ -201,6 +245,7 @@ impl Waiter {
                 if err.may_have_applied() {
                     self.last_uncertain = Some(err);
                 } else {
+                    self.unanswered = true;
                     self.last_other = Some(err);
                 }
                 (pause, Then::Acquire)
@@ -266,14 +311,22 @@ impl Waiter {
         })
     }
 
-    /// Once the timeout has passed: the error to return (the last conflict
-    /// if there was one, so `is_lock_held()` stays true).
+    /// Once the timeout has passed: the error to return. A try that may
+    /// have been applied first; then a failed connection with no `409`
+    /// since (the lock may be free: it must not read as held); then the
+    /// last conflict if there was one, so `is_lock_held()` stays true.
     pub(crate) fn timed_out(&mut self) -> Option<Error> {
         if self.waits_until().is_none_or(|d| Instant::now() < d) {
             return None;
         }
+        let unanswered = if self.unanswered {
+            self.last_other.take()
+        } else {
+            None
+        };
         self.last_uncertain
             .take()
+            .or(unanswered)
             .or_else(|| self.last_conflict.take())
             .or_else(|| self.last_other.take())
     }
@@ -434,5 +487,57 @@ mod tests {
         }
         assert!(check_poll_interval(Duration::from_millis(99)).is_err());
         assert!(check_poll_interval(POLL_MIN).is_ok());
+    }
+
+    fn refused_connection() -> Error {
+        Error::Transport(crate::error::TransportError {
+            kind: crate::error::TransportKind::Connect,
+            request_id: String::new(),
+            server: None,
+            source: None,
+        })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_wait_whose_tries_no_longer_connect_does_not_time_out_as_held() {
+        let mut waiter = Waiter::new(S(5), S(10));
+        retry(waiter.after(answer(409, None)));
+        retry(waiter.after(refused_connection()));
+        tokio::time::advance(S(5)).await;
+        let err = waiter.timed_out().expect("timed out");
+        assert!(err.is_transport() && !err.is_lock_held(), "{err:?}");
+        // A 409 after the failures: held again.
+        let mut waiter = Waiter::new(S(5), S(10));
+        retry(waiter.after(refused_connection()));
+        retry(waiter.after(answer(409, None)));
+        tokio::time::advance(S(5)).await;
+        assert!(waiter.timed_out().expect("timed out").is_lock_held());
+        // A 429 is an answer too: the conflict stands.
+        let mut waiter = Waiter::new(S(5), S(10));
+        retry(waiter.after(answer(409, None)));
+        retry(waiter.after(answer(429, Some(S(1)))));
+        tokio::time::advance(S(5)).await;
+        assert!(waiter.timed_out().expect("timed out").is_lock_held());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn tries_failing_without_an_answer_are_an_episode_said_once() {
+        let mut waiter = Waiter::new(Duration::MAX, S(10));
+        assert_eq!(waiter.episode(&refused_connection()), None);
+        tokio::time::advance(WARN_UNANSWERED_AFTER - S(1)).await;
+        assert_eq!(waiter.episode(&answer(503, None)), None, "not yet");
+        tokio::time::advance(S(1)).await;
+        assert_eq!(
+            waiter.episode(&refused_connection()),
+            Some(Episode::Unanswered(WARN_UNANSWERED_AFTER))
+        );
+        tokio::time::advance(S(60)).await;
+        assert_eq!(waiter.episode(&refused_connection()), None, "said once");
+        assert_eq!(waiter.episode(&answer(409, None)), Some(Episode::Answered));
+        assert_eq!(waiter.episode(&answer(409, None)), None);
+        // A new episode starts from its own first failure.
+        assert_eq!(waiter.episode(&refused_connection()), None);
+        tokio::time::advance(S(29)).await;
+        assert_eq!(waiter.episode(&refused_connection()), None);
     }
 }
