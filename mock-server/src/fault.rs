@@ -69,23 +69,23 @@ pub enum FaultKind {
 ///     .times(1);
 /// # let _ = (fault, slow, late);
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+///
+/// Read from JSON (as `POST /__mock/faults` does), a member it does not
+/// know is refused by name: a misspelt `"time": 1` must not become a fault
+/// that fails every request for ever.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct Fault {
     /// What happens.
     #[serde(flatten)]
     pub kind: FaultKind,
     /// Which operation it applies to (default: any).
-    #[serde(default = "any")]
     pub operation: Operation,
     /// Only requests for this key (default: every key).
-    #[serde(default)]
     pub key: Option<String>,
     /// How many matching requests it affects (default: all, until reset).
-    #[serde(default)]
     pub times: Option<u32>,
     /// Affect only every n-th matching request (default: each one).
-    #[serde(default)]
     pub every: Option<u32>,
     /// Matching requests seen so far (for `every`; counted by the fault
     /// store).
@@ -95,6 +95,63 @@ pub struct Fault {
 
 fn any() -> Operation {
     Operation::Any
+}
+
+/// A fault as JSON writes it, read without checking its members (serde
+/// cannot refuse unknown members beside a flattened enum).
+#[derive(Deserialize)]
+struct Members {
+    #[serde(flatten)]
+    kind: FaultKind,
+    #[serde(default = "any")]
+    operation: Operation,
+    #[serde(default)]
+    key: Option<String>,
+    #[serde(default)]
+    times: Option<u32>,
+    #[serde(default)]
+    every: Option<u32>,
+}
+
+/// The members every fault may have, beside those of its kind.
+const COMMON_MEMBERS: [&str; 5] = ["kind", "operation", "key", "times", "every"];
+
+/// The members of the kind named `kind`.
+fn kind_members(kind: Option<&str>) -> &'static [&'static str] {
+    match kind {
+        Some("status") => &["status"],
+        Some("delay") => &["delay_ms", "ms"],
+        Some("delay_response") => &["ms"],
+        _ => &[],
+    }
+}
+
+impl<'de> Deserialize<'de> for Fault {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        use serde::de::Error as _;
+        let object = serde_json::Map::<String, serde_json::Value>::deserialize(deserializer)?;
+        let kind = kind_members(object.get("kind").and_then(serde_json::Value::as_str));
+        if let Some(unknown) = object
+            .keys()
+            .find(|name| !COMMON_MEMBERS.contains(&name.as_str()) && !kind.contains(&name.as_str()))
+        {
+            let known: Vec<&str> = COMMON_MEMBERS.iter().chain(kind).copied().collect();
+            return Err(D::Error::custom(format!(
+                "unknown member {unknown:?}; a fault of this kind has {}",
+                known.join(", ")
+            )));
+        }
+        let members =
+            Members::deserialize(serde_json::Value::Object(object)).map_err(D::Error::custom)?;
+        Ok(Fault {
+            kind: members.kind,
+            operation: members.operation,
+            key: members.key,
+            times: members.times,
+            every: members.every.map(|n| n.max(1)),
+            seen: 0,
+        })
+    }
 }
 
 /// Whole milliseconds of `duration`, saturating (as faults and the journal

@@ -1047,3 +1047,46 @@ async fn control_api_over_http() {
         204
     );
 }
+
+/// A misspelt member (`"time"` for `"times"`) would otherwise make a fault
+/// that fails every request for ever: it is refused, by name, and nothing
+/// is added.
+#[tokio::test]
+async fn a_fault_with_a_member_it_does_not_know_is_refused_by_name() {
+    let server = MockServer::start().await;
+    let raw = Raw::new(&server);
+    let http = reqwest::Client::new();
+    let faults = format!("{}/__mock/faults", server.url());
+    for (body, unknown) in [
+        (
+            r#"{"kind":"status","status":503,"operation":"acquire","time":1}"#,
+            "time",
+        ),
+        (r#"{"kind":"status","status":503,"ms":5}"#, "ms"),
+        (r#"{"kind":"drop_response","status":503}"#, "status"),
+        (r#"{"kind":"delay_response","delay_ms":5}"#, "delay_ms"),
+    ] {
+        let refused = http.post(&faults).body(body).send().await.unwrap();
+        assert_eq!(refused.status(), 400, "{body}");
+        let said = refused.text().await.unwrap();
+        assert!(
+            said.contains(&format!("\\\"{unknown}\\\"")),
+            "{body}: {said}"
+        );
+    }
+    assert_eq!(
+        raw.acquire("job", A, 30).await.status,
+        201,
+        "no fault was added"
+    );
+    // Every member it knows still reads, `ms` and `delay_ms` alike.
+    let known = r#"{"kind":"delay","ms":1,"operation":"get","key":"job","times":1,"every":1}"#;
+    let added = http.post(&faults).body(known).send().await.unwrap();
+    assert_eq!(added.status(), 201);
+    // The same from Rust: a fault read with serde refuses the member too,
+    // so `try_inject` never sees it.
+    let parsed = serde_json::from_str::<volcano_mock_server::Fault>(
+        r#"{"kind":"status","status":503,"time":1}"#,
+    );
+    assert!(parsed.unwrap_err().to_string().contains("\"time\""));
+}
