@@ -86,6 +86,7 @@ pub(crate) fn all(events: &[Stamped], server: &Server, end: Duration) -> Vec<Str
     within_lease(&beliefs, &grants, server, &jumps, &breaks, &mut violations);
     leaks::undone(events, server, &jumps, &breaks, &mut violations);
     leaks::at_end(events, server, &mut violations);
+    leaks::reported_at_shutdown(events, server, &mut violations);
     recovery::after_crash(events, &beliefs, server, &jumps, &breaks, &mut violations);
     truth::releases(events, server, &jumps, &mut violations);
     truth::successes(events, server, &mut violations);

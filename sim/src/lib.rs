@@ -286,9 +286,16 @@ impl Driver {
             Operation::Release,
             Operation::Get,
         ];
-        let op = ops[self.rng.random_range(0..ops.len())];
+        let mut op = ops[self.rng.random_range(0..ops.len())];
         let times = self.rng.random_range(1..=3);
-        let (fault, kind) = match self.rng.random_range(0..5) {
+        let (fault, kind) = match self.rng.random_range(0..6) {
+            // A release refused for good (a rotated or revoked key): the
+            // lease stays until its ttl, and `shutdown` must say so.
+            5 => {
+                op = Operation::Release;
+                let status = if self.rng.random_bool(0.5) { 401 } else { 403 };
+                (Fault::status(status), format!("refused-release {status}"))
+            }
             0 => (Fault::status(503), "503".to_owned()),
             1 => (Fault::status(429), "429".to_owned()),
             2 => (Fault::drop_response(), "drop-response".to_owned()),

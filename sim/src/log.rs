@@ -55,11 +55,18 @@ pub(crate) enum Event {
     Forced { client: usize, key: String },
     /// An operation's outcome worth a line (errors, skips).
     Note { client: usize, what: String },
-    /// A program finished; `unreleased` is what `shutdown` reported.
+    /// A program finished; `unreleased` is what `shutdown` reported, and
+    /// `live_then` the leases (key, fence) the server held at that moment,
+    /// read from the server directly.
     Done {
         client: usize,
         unreleased: Vec<String>,
+        live_then: Vec<(String, i64)>,
     },
+    /// A release the program sent by hand (a plain lease, its own token)
+    /// did not free `key`: the program knows, and the lease is its own
+    /// business, not `shutdown`'s.
+    Kept { client: usize, key: String },
     /// A fault the driver injected.
     Fault { what: String },
     /// The server clock jumped by `by` (excuses beliefs that span it).

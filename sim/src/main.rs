@@ -59,6 +59,7 @@ fn parse() -> Result<Args, String> {
                     "no-undo" => Sabotage::NoUndo,
                     "deadline-from-receipt" => Sabotage::DeadlineFromReceipt,
                     "try-after-deadline" => Sabotage::TryAfterDeadline,
+                    "drop-refused-release" => Sabotage::DropRefusedRelease,
                     other => return Err(format!("unknown sabotage {other:?}")),
                 }
             }

@@ -50,6 +50,9 @@ pub(crate) struct Program {
     pub(crate) senders: crate::net::Senders,
     /// The client's lease clock, for the driver's suspends.
     pub(crate) clock: Arc<Mutex<Option<volcano::LeaseClock>>>,
+    /// The server, read directly (not over the network) once `shutdown`
+    /// has returned.
+    pub(crate) server: Arc<Mutex<Option<volcano_mock_server::MockServer>>>,
 }
 
 impl Program {
@@ -136,9 +139,18 @@ impl Program {
         }
         let mut unreleased = client.shutdown(Duration::from_secs(120)).await;
         unreleased.sort();
+        let live_then = crate::lock(&self.server)
+            .as_ref()
+            .map(|server| server.locks())
+            .unwrap_or_default()
+            .into_iter()
+            .filter(|lock| lock.live)
+            .map(|lock| (lock.key, lock.fencing_token))
+            .collect();
         self.log.push(Event::Done {
             client: self.id,
             unreleased,
+            live_then,
         });
         Ok(())
     }
@@ -412,10 +424,22 @@ impl Ctx {
                     self.note(format!("release {key} of own token failed, again: {err}"));
                     tokio::time::sleep(Duration::from_millis(500)).await;
                 }
-                Err(err) => return self.note(format!("release {key} of own token: {err}")),
+                Err(err) => {
+                    self.kept(key);
+                    return self.note(format!("release {key} of own token: {err}"));
+                }
                 Ok(()) => return self.released(key, Ok(())),
             }
         }
+        self.kept(key);
+    }
+
+    /// A release this program sent by hand did not free `key`.
+    fn kept(&self, key: &str) {
+        self.log.push(Event::Kept {
+            client: self.id,
+            key: key.to_owned(),
+        });
     }
 
     /// Every key at once, then released (or dropped).
@@ -506,7 +530,11 @@ impl Ctx {
                 lease
             }
         };
-        self.released(key, locks.release(&lease).await);
+        let released = locks.release(&lease).await;
+        if released.is_err() {
+            self.kept(key);
+        }
+        self.released(key, released);
     }
 
     /// Leader election for a while: each term writes through the gate.

@@ -86,3 +86,13 @@ fn finds_a_waiter_that_tries_after_its_deadline() {
         "seed {seed}: {violation}"
     );
 }
+
+#[test]
+fn finds_a_refused_release_that_is_dropped() {
+    let (seed, violation) =
+        first_found(Sabotage::DropRefusedRelease).expect("found within the bound");
+    assert!(
+        violation.contains("unreported lease") || violation.contains("leaked lease"),
+        "seed {seed}: {violation}"
+    );
+}

@@ -1,7 +1,9 @@
 //! Leases left behind: an acquire whose outcome a program never saw must be
-//! undone, and after every `shutdown` nothing is held but what it reported.
+//! undone, when `shutdown` returns the server holds nothing of the
+//! client's SDK-managed leases that it did not name, and at the end
+//! nothing is held but what was reported.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use volcano_mock_server::{Operation, RecordedRequest};
@@ -28,7 +30,9 @@ pub(super) fn undone(
             Event::Believes { key, fence, .. } | Event::Leased { key, fence, .. } => {
                 learned.insert((key.as_str(), *fence));
             }
-            Event::Done { client, unreleased } => {
+            Event::Done {
+                client, unreleased, ..
+            } => {
                 excused.extend(unreleased.iter().map(|k| (*client, k.as_str())));
             }
             Event::Crashed { client } => {
@@ -138,6 +142,64 @@ pub(super) fn at_end(events: &[Stamped], server: &Server, out: &mut Vec<String>)
                 "leaked lease: {} (fence {}) is held after every program shut down",
                 lock.key, lock.fencing_token
             ));
+        }
+    }
+}
+
+/// When a program's `shutdown` returned, every lease the server still held
+/// for that client is one `shutdown` named, unless the program manages it
+/// itself (a plain lease, a release it sent by hand that failed): a
+/// release the SDK let go of that did not free the lease (refused with
+/// `401`/`403`, given up) is never silently dropped.
+pub(super) fn reported_at_shutdown(events: &[Stamped], server: &Server, out: &mut Vec<String>) {
+    // Which client each granted fence went to.
+    let mut granted: BTreeMap<(&str, i64), usize> = BTreeMap::new();
+    for r in &server.journal {
+        let (Operation::Acquire, Some(201), Some(fence)) = (r.operation, r.status, r.fencing_token)
+        else {
+            continue;
+        };
+        let sender = r
+            .request_id
+            .as_ref()
+            .and_then(|id| server.sent.by_id.get(id));
+        if let Some((client, _)) = sender {
+            granted.insert((r.key.as_str(), fence), *client);
+        }
+    }
+    let mut own: BTreeSet<(usize, &str)> = BTreeSet::new();
+    let mut plain: BTreeSet<(usize, &str, i64)> = BTreeSet::new();
+    for e in events {
+        match &e.event {
+            Event::Kept { client, key } => {
+                own.insert((*client, key.as_str()));
+            }
+            Event::Leased { client, key, fence } => {
+                plain.insert((*client, key.as_str(), *fence));
+            }
+            _ => {}
+        }
+    }
+    for e in events {
+        let Event::Done {
+            client,
+            unreleased,
+            live_then,
+        } = &e.event
+        else {
+            continue;
+        };
+        for (key, fence) in live_then {
+            let theirs = granted.get(&(key.as_str(), *fence)) == Some(client);
+            let excused = unreleased.contains(key)
+                || own.contains(&(*client, key.as_str()))
+                || plain.contains(&(*client, key.as_str(), *fence));
+            if theirs && !excused {
+                out.push(format!(
+                    "unreported lease: client {client}'s shutdown returned while the server \
+                     still held {key} (fence {fence}) for it, and did not name the key"
+                ));
+            }
         }
     }
 }
