@@ -79,8 +79,9 @@ fn gone() -> bool {
     use std::os::fd::AsFd as _;
     let stdout = std::io::stdout();
     let fd = stdout.as_fd();
-    // Asked for nothing: only an error or a hang-up is reported.
-    let mut fds = [PollFd::new(&fd, PollFlags::empty())];
+    // Asked for writability (some systems report nothing for an empty
+    // request); only an error or a hang-up counts.
+    let mut fds = [PollFd::new(&fd, PollFlags::OUT)];
     let now = Timespec {
         tv_sec: 0,
         tv_nsec: 0,

@@ -260,6 +260,10 @@ async fn finish(holding: Holding<'_>, status: ExitStatus, stopped: Stopped) -> R
     };
     match released {
         Ok(()) | Err(Error::LockLost(_)) => {}
+        Err(err @ Error::Conflict(_)) => warnings.push(format!(
+            "the lease had already ended when it was released ({err}); another token holds \
+             the lock now"
+        )),
         Err(err) => warnings.push(format!(
             "releasing the lock failed ({err}); it may stay held until its ttl"
         )),
