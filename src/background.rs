@@ -89,11 +89,10 @@ impl Background {
     }
 
     /// Stops the releases of `key`/`token` (an acquire with that token is
-    /// about to recover the lease) and forgets that such a release failed:
-    /// the lease is the acquire's again. Returns their finish signals.
+    /// about to recover the lease). Returns their finish signals. A
+    /// stopped release counts its lease as possibly held until that
+    /// acquire's answer says otherwise ([`Background::forget`]).
     pub(crate) fn supersede(&self, key: &str, token: &str) -> Vec<watch::Receiver<bool>> {
-        self.lock_unreleased()
-            .retain(|u| !(u.key == key && u.token.eq_ignore_ascii_case(token)));
         let running = self.lock();
         running
             .values()
@@ -113,6 +112,14 @@ impl Background {
             .filter(|r| r.key == key && r.token.eq_ignore_ascii_case(token))
             .map(|r| r.finished.clone())
             .collect()
+    }
+
+    /// An acquire with `token` was answered (`201`: the lease is its own
+    /// again; `409`: another token holds the key): a release of this
+    /// token that failed no longer leaves a lease behind.
+    pub(crate) fn forget(&self, key: &str, token: &str) {
+        self.lock_unreleased()
+            .retain(|u| !(u.key == key && u.token.eq_ignore_ascii_case(token)));
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Running>> {

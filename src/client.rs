@@ -47,6 +47,8 @@ struct Inner {
     renewals: Arc<AtomicUsize>,
     /// Releases running in the background, for `shutdown`.
     background: Arc<Background>,
+    /// Waiters on each key, taking turns.
+    turns: Arc<crate::locks::turns::Turns>,
     /// Kept for the other Volcano APIs; lock calls never send it.
     anon_key: Option<String>,
 }
@@ -133,6 +135,7 @@ impl Client {
                 lease_clock,
                 renewals: Arc::new(AtomicUsize::new(0)),
                 background: Arc::default(),
+                turns: Arc::default(),
             }),
         }
     }
@@ -140,6 +143,11 @@ impl Client {
     /// The releases it runs in the background.
     pub(crate) fn background(&self) -> &Arc<Background> {
         &self.inner.background
+    }
+
+    /// The lines of waiters, by key.
+    pub(crate) fn turns(&self) -> &Arc<crate::locks::turns::Turns> {
+        &self.inner.turns
     }
 
     pub(crate) fn transport(&self) -> &Transport {

@@ -65,6 +65,9 @@ pub enum Sabotage {
     TryAfterDeadline,
     /// A refused release is dropped: not recorded for `Client::shutdown`.
     DropRefusedRelease,
+    /// A waiter does not ramp: it tries at the poll interval from the
+    /// start (a graceful release goes unseen for up to that long).
+    NoRamp,
 }
 
 thread_local! {

@@ -4,8 +4,8 @@
 
 use std::time::Duration;
 
-use super::{release, wait, Common, Locks};
-use crate::error::Result;
+use super::{release, turns, wait, Common, Locks};
+use crate::error::{Error, Result};
 use crate::lease::LockLease;
 use crate::ops;
 use crate::validate;
@@ -272,6 +272,15 @@ impl Acquire {
             }
         };
         crate::telemetry::acquired(started.elapsed(), waited, &result);
+        if !generated && matches!(&result, Ok(_) | Err(Error::Conflict(_))) {
+            // Answered: a failed release of this token left nothing behind
+            // (the lease is this acquire's, or another token's).
+            self.common
+                .locks
+                .client
+                .background()
+                .forget(&self.key, &token);
+        }
         result
     }
 
@@ -288,6 +297,9 @@ impl Acquire {
         undo: &mut Undo<'_>,
     ) -> Result<Measured> {
         let mut then = wait::Then::Acquire;
+        // A place in the key's line, taken after the first try failed:
+        // only the first in line sends requests.
+        let mut ticket: Option<turns::Ticket> = None;
         loop {
             // What the last try said, for the log: held, or its error.
             let mut failed: Option<String> = None;
@@ -299,7 +311,7 @@ impl Acquire {
                         Err(err) => {
                             self.log_episode(waiter.episode(&err), &err);
                             if !err.is_lock_held() {
-                                failed = Some(err.to_string());
+                                failed = Some(crate::error::chain(&err));
                             }
                             waiter.after(err)
                         }
@@ -340,7 +352,25 @@ impl Acquire {
                     "acquire failed; trying again"
                 ),
             }
-            tokio::time::sleep(pause.min(waiter.remaining())).await;
+            let ticket =
+                ticket.get_or_insert_with(|| self.common.locks.client.turns().join(&self.key));
+            if ticket.is_first() {
+                tokio::select! {
+                    biased;
+                    // This client freed the key: try now.
+                    () = ticket.freed() => then = wait::Then::Acquire,
+                    () = tokio::time::sleep(pause.min(waiter.remaining())) => {}
+                }
+            }
+            if !ticket.is_first() {
+                // Another waiter of this client tries for both; once it is
+                // done (acquired, timed out, dropped), this one tries.
+                tokio::select! {
+                    biased;
+                    () = ticket.first() => then = wait::Then::Acquire,
+                    () = tokio::time::sleep(waiter.remaining()) => {}
+                }
+            }
             if let Some(err) = waiter.timed_out() {
                 return Err(err);
             }
@@ -350,11 +380,11 @@ impl Acquire {
     /// Says at WARN when a wait's tries have failed without an answer for
     /// a while (a leader that cannot reach the service would otherwise
     /// wait in silence), and at INFO when answers come back.
-    fn log_episode(&self, episode: Option<wait::Episode>, err: &crate::Error) {
+    fn log_episode(&self, episode: Option<wait::Episode>, err: &Error) {
         match episode {
             Some(wait::Episode::Unanswered(failing)) => tracing::warn!(
                 key = %self.key,
-                error = %err,
+                error = %crate::error::chain(err),
                 failing_secs = failing.as_secs(),
                 "acquire keeps failing without an answer about the lock; still trying"
             ),

@@ -259,6 +259,7 @@ mod acquire;
 mod guard;
 mod release;
 mod requests;
+pub(crate) mod turns;
 mod wait;
 
 pub use acquire::Acquire;

@@ -19,7 +19,7 @@ use tokio::time::Instant;
 
 use super::Locks;
 use crate::background::Settled;
-use crate::error::{Error, Result};
+use crate::error::Error;
 use crate::lease::LockLease;
 use crate::retry;
 use crate::validate;
@@ -56,6 +56,24 @@ impl Persistence {
     }
 }
 
+/// How a release that did not fail ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Ended {
+    /// Released (or found released by an earlier attempt).
+    Released,
+    /// Stopped by an acquire with the same token before it was confirmed:
+    /// that acquire decides what the lease is now.
+    Superseded,
+}
+
+/// A release that failed: the last answer, and whether it answered the
+/// first attempt (sent at once, with no pause before it).
+#[derive(Debug)]
+pub(crate) struct Failed {
+    pub(crate) err: Error,
+    pub(crate) first_attempt: bool,
+}
+
 /// Releases `lease` with one fresh request id: attempts each within the
 /// client's timeout, transient failures backed off with jitter (and at
 /// least `Retry-After`), all within the budget. A `409` that follows an
@@ -66,7 +84,7 @@ pub(crate) async fn confirmed(
     lease: &LockLease,
     persistence: Persistence,
     mut superseded: Option<watch::Receiver<bool>>,
-) -> Result<()> {
+) -> std::result::Result<Ended, Failed> {
     let request_id = validate::new_uuid();
     let started = Instant::now();
     let budget = persistence.budget;
@@ -76,10 +94,11 @@ pub(crate) async fn confirmed(
         Some(persistence.attempts.saturating_sub(1)),
     );
     let mut uncertain = false;
+    let mut first_attempt = true;
     loop {
         if superseded.as_ref().is_some_and(|s| *s.borrow()) {
             tracing::debug!(key = lease.key(), "release superseded by a new acquire");
-            return Ok(());
+            return Ok(Ended::Superseded);
         }
         let left = budget.saturating_sub(started.elapsed());
         let attempt = locks
@@ -87,32 +106,34 @@ pub(crate) async fn confirmed(
             .request_id(request_id.clone())
             .timeout(left.min(per_attempt).max(retry::MIN_ATTEMPT))
             .await;
+        let failed = |err| Failed { err, first_attempt };
         let err = match attempt {
-            Ok(()) => return Ok(()),
+            Ok(()) => return Ok(Ended::Released),
             Err(Error::Conflict(_)) if uncertain => {
                 tracing::info!(
                     key = lease.key(),
                     request_id,
                     "release confirmed: an earlier attempt freed the lock before it changed hands"
                 );
-                return Ok(());
+                return Ok(Ended::Released);
             }
             Err(err) if retry::is_transient(&err) => err,
-            Err(err) => return Err(err),
+            Err(err) => return Err(failed(err)),
         };
         uncertain |= err.may_have_applied();
         let wait = match backoff.next() {
             Some(wait) => wait.max(err.retry_after().unwrap_or_default()),
-            None => return Err(err),
+            None => return Err(failed(err)),
         };
         let left_then = budget.saturating_sub(started.elapsed().saturating_add(wait));
         if !retry::fits(left_then) {
-            return Err(err);
+            return Err(failed(err));
         }
+        first_attempt = false;
         tracing::info!(
             key = lease.key(),
             request_id,
-            error = %err,
+            error = %crate::error::chain(&err),
             retry_in_ms = wait.as_millis() as u64,
             "release failed; retrying"
         );
@@ -142,7 +163,9 @@ pub(crate) enum LetGo {
     Freed,
     /// Answered `409`: another token holds the lock, so nothing of this
     /// token's was left to release (it lapsed or was taken while held).
-    NotOurs(Error),
+    /// `at_once`: the `409` answered the first attempt, sent as soon as
+    /// the lease was let go of (no pause in which it could have lapsed).
+    NotOurs { conflict: Error, at_once: bool },
     /// Not freed: still being tried in the background (a transient
     /// failure), or refused and recorded for `Client::shutdown`. The error
     /// is the last answer.
@@ -164,9 +187,17 @@ pub(crate) async fn let_go(
 ) -> LetGo {
     let persistence = Persistence::foreground(locks);
     let err = match confirmed(locks, lease, persistence, None).await {
-        Ok(()) => return LetGo::Freed,
-        Err(err @ Error::Conflict(_)) => return LetGo::NotOurs(err),
-        Err(err) => err,
+        Ok(_) => return LetGo::Freed,
+        Err(Failed {
+            err: conflict @ Error::Conflict(_),
+            first_attempt,
+        }) => {
+            return LetGo::NotOurs {
+                conflict,
+                at_once: first_attempt,
+            }
+        }
+        Err(Failed { err, .. }) => err,
     };
     let live_for = live_for();
     if retry::is_transient(&err) {
@@ -180,7 +211,7 @@ pub(crate) async fn let_go(
         tracing::warn!(
             key = lease.key(),
             fencing_token = lease.fencing_token(),
-            error = %err,
+            error = %crate::error::chain(&err),
             "release refused; the lease may stay held until its ttl (Client::shutdown names it)"
         );
         locks.client().background().unreleased(
@@ -212,11 +243,17 @@ pub(crate) fn in_background(
         .spawn_release(&key, &token, live_for, move |superseded| {
             Box::pin(async move {
                 match confirmed(&task_locks, &lease, persistence, Some(superseded)).await {
-                    Ok(()) => {
+                    Ok(Ended::Released) => {
                         tracing::info!(key = lease.key(), why, "lock released in the background");
                         Settled::Freed
                     }
-                    Err(Error::Conflict(_)) => {
+                    // The acquire that stopped it decides: until it holds
+                    // the lease again, the lease may still be live.
+                    Ok(Ended::Superseded) => Settled::MayBeHeld,
+                    Err(Failed {
+                        err: Error::Conflict(_),
+                        ..
+                    }) => {
                         tracing::debug!(
                             key = lease.key(),
                             why,
@@ -224,11 +261,11 @@ pub(crate) fn in_background(
                         );
                         Settled::Freed
                     }
-                    Err(err) => {
+                    Err(Failed { err, .. }) => {
                         tracing::warn!(
                             key = lease.key(),
                             why,
-                            error = %err,
+                            error = %crate::error::chain(&err),
                             "background release failed; the lease expires at its ttl"
                         );
                         Settled::MayBeHeld

@@ -108,6 +108,7 @@ impl Release {
         self.common
             .send(&op, &request_id, Default::default())
             .await?;
+        self.common.locks.client.turns().freed(self.lease.key());
         tracing::debug!(
             key = self.lease.key(),
             fencing_token = self.lease.fencing_token(),
@@ -140,6 +141,7 @@ impl ForceRelease {
         self.common
             .send(&op, &request_id, Default::default())
             .await?;
+        self.common.locks.client.turns().freed(&self.key);
         tracing::info!(key = %self.key, request_id, "lock force-released");
         Ok(())
     }

@@ -2,18 +2,33 @@
 //! through it `hold(..).wait`, `with_lock(..).wait`, `leader` campaigns and
 //! `volcano locks run --wait`.
 //!
+//! Fast when it matters, cheap when it lasts. Most waits end soon (the
+//! holder's job was short) or last long (a standby leader), and a poller
+//! that sends r requests a second notices a graceful release after 1/(2r)
+//! on average, whatever it does: so a waiter spends its requests early.
+//! The interval between its tries is a ramp on the time it has waited:
+//! [`RAMP_RATIO`] of it (jittered down by up to a tenth), at least
+//! [`RAMP_FLOOR`], at most the poll interval (default [`DEFAULT_POLL`],
+//! `.poll_interval(d)`). A release is then noticed within 30 % of the time
+//! already waited (0.3 s at first), and a wait that lasts costs one try
+//! per poll interval: a few requests more per wait, not per minute.
+//!
 //! Quota-aware: a project's 600 lock operations a minute are shared by its
 //! whole fleet, and holders' renewals must never be starved by waiters.
-//! A waiter that knows the holder's expiry (learned with one `get`) sleeps
-//! until the takeover moment (`expires_at` + 1 s grace) and looks again
-//! (`get`) before trying: a holder that renewed costs one request per
-//! lease period. While that moment is far off (more than 1.5 poll
-//! intervals), it also tries at a slow jittered poll interval (default
-//! [`DEFAULT_POLL`], `.poll_interval(d)`), to pick up a graceful release.
-//! A holder it cannot learn is polled with a ramp from 100 ms up to the
-//! poll interval. A 429 (or a 503 with `Retry-After`) pauses until the
-//! window it names has passed, plus a jitter of up to one poll interval, so
-//! that a fleet does not fire all at the first second of the next window.
+//! A waiter that knows the holder's expiry (learned with one `get`) looks
+//! again (`get`) at the takeover moment (`expires_at` + 1 s grace) when
+//! that comes before its next try. A 429 (or a 503 with `Retry-After`)
+//! pauses until the window it names has passed, plus a jitter of up to one
+//! poll interval, so that a fleet does not fire all at the first second of
+//! the next window. Waiters of one client on one key take turns (see
+//! `turns`): only the first in line sends requests.
+//!
+//! A wait without a deadline (`Duration::MAX`: a leader's campaign, a
+//! standby) does not ramp: it tries at the poll interval from the start,
+//! and looks at the takeover moment when that comes within one and a half
+//! intervals. Standbys are long waits by nature, and a fleet of them
+//! starting together (a deploy) would spend most of the project's quota in
+//! its first minute on a ramp: 16 candidates about 55 %, 28 about 95 %.
 //!
 //! Uncertain outcomes end in a known state. No try (nor acquire's single
 //! retry, nor a `get`) starts after the deadline. A try still in flight at
@@ -33,8 +48,14 @@ use tokio::time::Instant;
 use crate::error::Error;
 use crate::retry;
 
-/// First poll interval while the holder is unknown.
+/// The shortest poll interval a caller may ask for.
 pub(crate) const POLL_MIN: Duration = Duration::from_millis(100);
+/// The interval between tries, as a share of the time waited so far: a
+/// release is noticed within that share of the wait.
+pub(crate) const RAMP_RATIO: f64 = 0.3;
+/// The interval between tries at the start of a wait (or the poll
+/// interval, if shorter).
+pub(crate) const RAMP_FLOOR: Duration = Duration::from_millis(300);
 /// The default poll interval for an early release: waiters on a key with a
 /// 15 s ttl send about 6.5 requests a minute each (docs/benchmarks.md).
 pub(crate) const DEFAULT_POLL: Duration = Duration::from_secs(10);
@@ -105,10 +126,13 @@ pub(crate) enum Then {
 pub(crate) struct Waiter {
     /// `None`: the timeout is too large to represent; wait forever.
     deadline: Option<Instant>,
-    /// How often to try for an early release while the holder is known.
+    /// The longest interval between tries.
     poll_interval: Duration,
-    /// The next ramp step while the holder is unknown.
-    ramp: Duration,
+    /// When the wait began: the ramp grows with the time since.
+    started: Instant,
+    /// A 429 came: the project's quota is spent, so this waiter polls at
+    /// the poll interval from now on (no ramp).
+    throttled: bool,
     /// When the known holder's lease can be taken over (local time).
     holder_free_at: Option<Instant>,
     /// The newest `409`: what a timed-out wait returns.
@@ -147,7 +171,8 @@ impl Waiter {
         Waiter {
             deadline: Instant::now().checked_add(timeout),
             poll_interval: poll_interval.min(MAX_POLL),
-            ramp: POLL_MIN.min(poll_interval.min(MAX_POLL)),
+            started: Instant::now(),
+            throttled: false,
             holder_free_at: None,
             last_conflict: None,
             last_other: None,
@@ -164,7 +189,8 @@ impl Waiter {
     /// and says when an episode of unanswered tries needs a warning, or
     /// ends after one.
     pub(crate) fn episode(&mut self, err: &Error) -> Option<Episode> {
-        let answered = matches!(err, Error::Conflict(_) | Error::RateLimited(_));
+        // Any answer of the service's own but a 5xx.
+        let answered = err.status().is_some_and(|status| status < 500);
         if answered {
             self.failing_since = None;
             return std::mem::take(&mut self.warned).then_some(Episode::Answered);
@@ -220,17 +246,14 @@ impl Waiter {
                     // Unknown, or past its takeover moment: look. Right
                     // after a look that found it free, not at once.
                     None => {
-                        let pause = if looked {
-                            self.next_ramp()
-                        } else {
-                            Duration::ZERO
-                        };
+                        let pause = if looked { self.ramp() } else { Duration::ZERO };
                         (pause, Then::LookAtHolder)
                     }
                 }
             }
             Error::RateLimited(_) => {
                 let pause = self.spread(err.retry_after());
+                self.throttled = true;
                 self.unanswered = false;
                 self.last_other = Some(err);
                 (pause, Then::Acquire)
@@ -240,7 +263,7 @@ impl Waiter {
             _ if retry::waits_through(&err) => {
                 let pause = match err.retry_after() {
                     Some(after) => self.spread(Some(after)),
-                    None => self.next_ramp(),
+                    None => self.ramp(),
                 };
                 if err.may_have_applied() {
                     self.last_uncertain = Some(err);
@@ -266,21 +289,24 @@ impl Waiter {
                 expires_at,
                 date,
             }) => {
+                // The service answered: nothing says the lock is free.
+                self.unanswered = false;
                 self.holder(held, expires_at, date);
                 match self.toward_the_holder() {
                     Some(step) => step,
                     // Free now: try at once.
                     None if !held => (Duration::ZERO, Then::Acquire),
                     // Held, until when unknown: try after a ramp step.
-                    None => (self.next_ramp(), Then::Acquire),
+                    None => (self.ramp(), Then::Acquire),
                 }
             }
             Err(err @ Error::RateLimited(_)) => {
                 let pause = self.spread(err.retry_after());
+                self.throttled = true;
                 self.last_other.get_or_insert(err);
                 (pause, Then::Acquire)
             }
-            Err(_) => (self.next_ramp(), Then::Acquire),
+            Err(_) => (self.ramp(), Then::Acquire),
         };
         self.step(step)
     }
@@ -295,19 +321,22 @@ impl Waiter {
         }
     }
 
-    /// With the holder known and not yet free: sleep to the takeover moment
-    /// and look again, or, while that is more than 1.5 poll intervals
-    /// away, try again after one (an early release). `None` when the
-    /// holder is unknown or past its takeover moment.
+    /// With the holder known and not yet free: try again after a ramp
+    /// step (an early release), or, if the takeover moment comes first,
+    /// sleep to it and look again. `None` when the holder is unknown or
+    /// past its takeover moment.
     fn toward_the_holder(&mut self) -> Option<(Duration, Then)> {
         let now = Instant::now();
         let free_at = self.holder_free_at.take().filter(|t| *t > now)?;
         self.holder_free_at = Some(free_at);
         let until_free = free_at - now;
-        Some(if until_free <= self.poll_interval.mul_f64(1.5) {
+        let step = self.ramp();
+        // A standby would rather look a little later than try and look.
+        let reach = if self.deadline.is_none() { 1.5 } else { 1.0 };
+        Some(if until_free <= step.mul_f64(reach) {
             (until_free, Then::LookAtHolder)
         } else {
-            (jitter(self.poll_interval), Then::Acquire)
+            (step, Then::Acquire)
         })
     }
 
@@ -365,18 +394,31 @@ impl Waiter {
         after + spread.mul_f64(crate::random::unit())
     }
 
-    /// The next ramp step: ±20 % jitter, growing by half up to the poll
-    /// interval.
-    fn next_ramp(&mut self) -> Duration {
-        let base = self.ramp;
-        self.ramp = (self.ramp * 3 / 2).min(self.poll_interval);
-        jitter(base)
+    /// The pause before the next try: [`RAMP_RATIO`] of the time waited,
+    /// within [[`RAMP_FLOOR`], poll interval], jittered down by up to a
+    /// tenth (never up: the pause is the longest a release goes unseen).
+    /// A wait without a deadline (a leader's campaign, a standby) polls
+    /// at the poll interval from the start: a fleet of candidates starting
+    /// together would otherwise spend most of the project's quota in its
+    /// first minute. So does a waiter that was refused with 429.
+    fn ramp(&self) -> Duration {
+        let u = crate::random::unit();
+        match self.deadline {
+            Some(_) if !self.throttled && !sabotaged!(NoRamp) => {
+                ramp(self.started.elapsed(), self.poll_interval).mul_f64(1.0 - 0.1 * u)
+            }
+            // ±10 %: a fleet's tries spread out.
+            _ => self.poll_interval.mul_f64(0.9 + 0.2 * u),
+        }
     }
 }
 
-/// `d` with ±20 % jitter.
-fn jitter(d: Duration) -> Duration {
-    d.mul_f64(0.8 + 0.4 * crate::random::unit())
+/// The ramp's interval, without jitter, `waited` into a wait.
+pub(crate) fn ramp(waited: Duration, poll_interval: Duration) -> Duration {
+    waited
+        .mul_f64(RAMP_RATIO)
+        .max(RAMP_FLOOR)
+        .min(poll_interval)
 }
 
 #[cfg(test)]
@@ -410,28 +452,51 @@ mod tests {
         }
     }
 
+    #[test]
+    fn the_ramp_is_thirty_percent_of_the_wait_between_its_floor_and_the_poll_interval() {
+        let ms = Duration::from_millis;
+        assert_eq!(ramp(S(0), S(10)), ms(300));
+        assert_eq!(ramp(S(1), S(10)), ms(300));
+        assert_eq!(ramp(S(2), S(10)), ms(600));
+        assert_eq!(ramp(S(10), S(10)), S(3));
+        assert_eq!(ramp(S(60), S(10)), S(10));
+        assert_eq!(ramp(S(3600), S(10)), S(10));
+        // A poll interval shorter than the floor wins.
+        assert_eq!(ramp(S(0), ms(100)), ms(100));
+    }
+
     #[tokio::test(start_paused = true)]
-    async fn a_known_holder_is_looked_at_at_its_takeover_moment_and_polled_while_far() {
+    async fn a_known_holder_is_tried_on_the_ramp_and_looked_at_at_its_takeover_moment() {
         let mut waiter = Waiter::new(S(600), S(10));
         // First conflict: the holder is unknown, look at once.
         assert_eq!(
             retry(waiter.after(answer(409, None))),
             (Duration::ZERO, Then::LookAtHolder)
         );
-        // Free in 61 s (60 s + the grace): far, so poll for an early release.
+        // Free in 61 s (60 s + the grace): far; the ramp starts at 0.3 s.
         let expires = Utc::now() + chrono::TimeDelta::seconds(60);
         let (pause, then) = retry(waiter.looked(Ok(holder(true, Some(expires)))));
         assert_eq!(then, Then::Acquire);
-        assert!(pause >= S(8) && pause <= S(12), "{pause:?}");
-        // 10 s before the takeover moment: sleep to it (and a moment after,
-        // up to 0.6 s), then look.
-        tokio::time::advance(S(51)).await;
+        let ms = Duration::from_millis;
+        assert!(pause >= ms(270) && pause <= ms(300), "{pause:?}");
+        // 10 s into the wait: 3 s (less up to a tenth).
+        tokio::time::advance(S(10)).await;
+        let (pause, then) = retry(waiter.after(answer(409, None)));
+        assert_eq!(then, Then::Acquire);
+        assert!(pause >= ms(2_700) && pause <= S(3), "{pause:?}");
+        // 40 s in: the poll interval.
+        tokio::time::advance(S(30)).await;
+        let (pause, then) = retry(waiter.after(answer(409, None)));
+        assert_eq!(then, Then::Acquire);
+        assert!(pause >= S(9) && pause <= S(10), "{pause:?}");
+        // 55 s in, the takeover moment (61.1 to 61.6 s) comes before the
+        // next try: sleep to it, then look.
+        tokio::time::advance(S(15)).await;
         let (pause, then) = retry(waiter.after(answer(409, None)));
         assert_eq!(then, Then::LookAtHolder);
-        let (low, high) = (Duration::from_millis(9_900), Duration::from_millis(10_700));
+        let (low, high) = (ms(6_100), ms(6_700));
         assert!(pause >= low && pause <= high, "{pause:?}");
-        // The holder renewed: 15 s more, 16 s with the grace (more than 1.5
-        // poll intervals, so one poll first).
+        // The holder renewed: tried on the ramp again.
         tokio::time::advance(pause).await;
         let expires = Utc::now() + chrono::TimeDelta::seconds(15);
         let (_, then) = retry(waiter.looked(Ok(holder(true, Some(expires)))));

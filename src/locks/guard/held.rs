@@ -282,8 +282,8 @@ impl HeldLock {
         let released = LockLost::new(state.key.clone(), LostReason::Released);
         if sabotaged!(ReleaseBeforeMark) {
             let result = match self.release_lease().await {
-                LetGo::NotFreed(err) => Err(err),
-                LetGo::Freed | LetGo::NotOurs(_) => Ok(()),
+                LetGo::NotFreed(err) | LetGo::NotOurs { conflict: err, .. } => Err(err),
+                LetGo::Freed => Ok(()),
             };
             state.mark(released);
             return (loss, result);
@@ -292,15 +292,18 @@ impl HeldLock {
         match self.release_lease().await {
             LetGo::Freed => (loss, Ok(())),
             LetGo::NotFreed(err) => (loss, Err(err)),
-            // Another token holds the lock. Answered while the lease
-            // should still have been ours, that proves it was taken while
-            // held (a force release, a clock that jumped): the work since
-            // is not covered. Answered later, the lease may have lapsed
-            // during the release itself, after the work.
-            LetGo::NotOurs(conflict) => {
-                let taken = loss.is_none() && !state.remaining().is_zero();
+            // Another token holds the lock. Answered to the first attempt
+            // (sent at once) and while the lease should still have been
+            // ours, that proves it was taken while held (a force release,
+            // a clock that jumped): the work since is not covered. After a
+            // pause between attempts, or past the deadline, the lease may
+            // have lapsed during the release itself, after the work.
+            LetGo::NotOurs { conflict, at_once } => {
+                let taken = at_once && loss.is_none() && !state.remaining().is_zero();
                 if !taken {
-                    return (loss, Ok(()));
+                    // Nothing of ours was left to release: said as the
+                    // service said it.
+                    return (loss, Err(conflict));
                 }
                 crate::telemetry::lost(LostReason::TakenOver);
                 tracing::warn!(
@@ -328,7 +331,7 @@ impl HeldLock {
                 fencing_token = lease.fencing_token(),
                 "lock released"
             ),
-            LetGo::NotOurs(_) => tracing::debug!(
+            LetGo::NotOurs { .. } => tracing::debug!(
                 key = lease.key(),
                 fencing_token = lease.fencing_token(),
                 "another token holds the lock: nothing of ours to release"
@@ -336,7 +339,7 @@ impl HeldLock {
             LetGo::NotFreed(err) => tracing::warn!(
                 key = lease.key(),
                 fencing_token = lease.fencing_token(),
-                error = %err,
+                error = %crate::error::chain(err),
                 "lock release failed"
             ),
         }

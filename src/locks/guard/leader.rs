@@ -211,7 +211,13 @@ where
             }
         };
         // The term's future is gone before anything else happens.
-        let (_, released) = held.finish().await;
+        let (loss, released) = held.finish().await;
+        // A final release that found another token holding the lock: the
+        // term ran, at least in part, without it.
+        let released = match loss {
+            Some(taken) if taken.reason() == LostReason::TakenOver => Err(Error::LockLost(taken)),
+            _ => released,
+        };
         match end {
             TermEnd::Lost => {
                 let lost = guard.failure();

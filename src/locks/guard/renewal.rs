@@ -95,18 +95,12 @@ async fn send(
     budget: Duration,
 ) -> Result<Measured, Error> {
     state.renewal_sent();
-    let result = locks
+    locks
         .renew(lease, state.ttl)
         .request_id(request_id)
         .timeout(budget.min(locks.client().timeout()))
         .send_measured()
-        .await;
-    // Answered one way or the other; a transient failure may have been
-    // applied, and leaves the outcome unknown.
-    if !matches!(&result, Err(err) if is_transient(err)) {
-        state.renewal_settled();
-    }
-    result
+        .await
 }
 
 /// The pauses between attempts after transient failures.

@@ -16,12 +16,19 @@ use crate::validate;
 
 /// Renewals are never further apart than this.
 const MAX_RENEW_DELAY: Duration = Duration::from_secs(60);
+/// Time a renewal keeps before the deadline for its retries, when the ttl
+/// leaves room for it.
+const RETRY_ROOM: Duration = Duration::from_secs(10);
 
-/// Delay before the next renewal (protocol 5.3): about ttl/3, at most 60 s,
-/// ±10 % jitter (`u` uniform in [0, 1)), and never later than 2 s before
-/// the local deadline (`remaining` from now). Zero means renew now.
+/// Delay before the next renewal: about half the ttl, as long as that
+/// leaves [`RETRY_ROOM`] for retries, else ttl/3 (Ruby's cadence, protocol
+/// 5.3, which short ttls keep); at most 60 s; ±10 % jitter (`u` uniform in
+/// [0, 1)); never later than 2 s before the local deadline (`remaining`
+/// from now). Zero means renew now. A project's quota pays for every
+/// renewal: at ttl 30 s this is 4 renewals a minute instead of 6.
 fn renewal_delay(ttl: Duration, remaining: Duration, u: f64) -> Duration {
-    let base = (ttl / 3).min(MAX_RENEW_DELAY);
+    let later = (ttl / 2).min(ttl.saturating_sub(RETRY_ROOM));
+    let base = later.max(ttl / 3).min(MAX_RENEW_DELAY);
     let latest = remaining.saturating_sub(SAFETY_MARGIN + REQUEST_BUDGET);
     let delay = base.min(latest).mul_f64(0.9 + 0.2 * u.clamp(0.0, 1.0));
     delay.min(latest)
@@ -49,9 +56,6 @@ struct Current {
     /// Lease-clock reading after which the lease may be gone.
     deadline: Duration,
     failure: Option<LockLost>,
-    /// A renewal was sent and its outcome is not known yet (in flight, or
-    /// abandoned in flight): the server may hold the lease a whole ttl.
-    renewal_unsettled: bool,
     /// A renewal was sent since the lease was last measured: an expiry
     /// without one means the clock jumped past the renewal's time and the
     /// deadline at once (a suspend, a stall), not a renewal too slow.
@@ -114,7 +118,6 @@ impl State {
                 deadline: deadline(&acquired, ttl, cap),
                 lease: acquired.lease,
                 failure: None,
-                renewal_unsettled: false,
                 renewal_tried: false,
                 jumps: Some(clock.jumps()),
             }),
@@ -143,27 +146,14 @@ impl State {
         self.deadline().saturating_sub(self.clock.now())
     }
 
-    /// How long the server may still keep the latest lease: the local
-    /// deadline is conservative by up to a second of `Date` rounding plus
-    /// the time an answer took, so allow a little more. After an expiry a
-    /// renewal's outcome may be unknown (unanswered, or answered too late),
-    /// as it is when one was abandoned in flight, and one applied late
-    /// holds the lease a whole ttl from now.
+    /// How long the server may still keep the latest lease, at most: a
+    /// whole ttl from now (and a little more). The local deadline is no
+    /// bound: it is early on purpose (by the time an answer took, a second
+    /// of `Date` rounding, a suspend it has not seen), and a renewal
+    /// abandoned in flight may be applied late. What is kept this long is
+    /// a release still being tried, or a lease reported as possibly held.
     pub(super) fn server_may_hold_for(&self) -> Duration {
-        let unsettled = {
-            let current = self.current();
-            current.renewal_unsettled
-                || current
-                    .failure
-                    .as_ref()
-                    .is_some_and(|lost| lost.reason() == LostReason::Expired)
-        };
-        let left = if unsettled {
-            self.ttl
-        } else {
-            self.remaining()
-        };
-        left.saturating_add(SAFETY_MARGIN + REQUEST_BUDGET)
+        self.ttl.saturating_add(SAFETY_MARGIN + REQUEST_BUDGET)
     }
 
     /// Records a loss; the first one wins and flips the watch channel. At
@@ -234,17 +224,9 @@ impl State {
             .map_or(deadline, |cap| cap.at.min(deadline))
     }
 
-    /// Records that a renewal is being sent (its outcome unknown until
-    /// [`State::renewal_settled`]).
+    /// Records that a renewal is being sent.
     pub(super) fn renewal_sent(&self) {
-        let mut current = self.current();
-        current.renewal_unsettled = true;
-        current.renewal_tried = true;
-    }
-
-    /// Records that the renewal sent was answered.
-    pub(super) fn renewal_settled(&self) {
-        self.current().renewal_unsettled = false;
+        self.current().renewal_tried = true;
     }
 
     /// A watch of the clock's jumps from now on (none once lost).
@@ -356,11 +338,20 @@ mod tests {
     const S: fn(u64) -> Duration = Duration::from_secs;
 
     #[test]
-    fn renewal_cadence_follows_ruby() {
-        // ttl 30 -> about 10 s, within ±10 %.
-        assert_eq!(renewal_delay(S(30), S(30), 0.5), S(10));
-        assert_eq!(renewal_delay(S(30), S(30), 0.0), Duration::from_secs(9));
-        assert!(renewal_delay(S(30), S(30), 0.999_999) < Duration::from_millis(11_000));
+    fn renewal_cadence_is_half_the_ttl_when_that_leaves_room_for_retries() {
+        // ttl 30 -> about 15 s, within ±10 %: 4 renewals a minute.
+        assert_eq!(renewal_delay(S(30), S(30), 0.5), S(15));
+        assert_eq!(
+            renewal_delay(S(30), S(30), 0.0),
+            Duration::from_millis(13_500)
+        );
+        assert!(renewal_delay(S(30), S(30), 0.999_999) < Duration::from_millis(16_500));
+        // ttl 60 -> 30 s; ttl 20 -> 10 s (10 s left for retries).
+        assert_eq!(renewal_delay(S(60), S(60), 0.5), S(30));
+        assert_eq!(renewal_delay(S(20), S(20), 0.5), S(10));
+        // ttl 15 and less keep Ruby's ttl/3: half would leave under 10 s.
+        assert_eq!(renewal_delay(S(15), S(15), 0.5), S(5));
+        assert_eq!(renewal_delay(S(12), S(12), 0.5), S(4));
         // ttl 300 -> 60 s cap.
         assert_eq!(renewal_delay(S(300), S(300), 0.5), S(60));
         // ttl 5 -> about 1.67 s.

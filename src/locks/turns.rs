@@ -1,0 +1,152 @@
+//! Waiters of one client on one key take turns: the first in line sends
+//! the tries and looks, the others wait for their turn without sending
+//! anything. Twenty tasks of a process waiting on one key cost the project
+//! what one does, and when the key frees they try in the order they began
+//! waiting. When this client frees the key itself (a release, a force
+//! release), the first in line is told at once and tries without waiting
+//! out its pause.
+
+use std::collections::{BTreeSet, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+
+use tokio::sync::watch;
+
+/// The lines of one client, by key.
+#[derive(Default)]
+pub(crate) struct Turns {
+    next: AtomicU64,
+    lines: Mutex<HashMap<String, Line>>,
+}
+
+/// One key's line.
+struct Line {
+    /// Tickets in the order they were taken.
+    waiting: BTreeSet<u64>,
+    /// The first in line, for the others to watch.
+    first: watch::Sender<Option<u64>>,
+    /// Counts the times this client freed the key.
+    freed: watch::Sender<u64>,
+}
+
+impl Turns {
+    /// Joins the line for `key`.
+    pub(crate) fn join(self: &Arc<Self>, key: &str) -> Ticket {
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
+        let mut lines = self.lock();
+        let line = lines.entry(key.to_owned()).or_insert_with(|| Line {
+            waiting: BTreeSet::new(),
+            first: watch::Sender::new(None),
+            freed: watch::Sender::new(0),
+        });
+        line.waiting.insert(id);
+        let now = line.waiting.first().copied();
+        line.first
+            .send_if_modified(|first| std::mem::replace(first, now) != now);
+        Ticket {
+            turns: self.clone(),
+            key: key.to_owned(),
+            id,
+            first: line.first.subscribe(),
+            freed: line.freed.subscribe(),
+        }
+    }
+
+    /// This client freed `key`: the first in line may try at once.
+    pub(crate) fn freed(&self, key: &str) {
+        if let Some(line) = self.lock().get(key) {
+            line.freed.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<String, Line>> {
+        crate::lock_unpoisoned(&self.lines)
+    }
+}
+
+/// A place in a key's line, given up when dropped.
+pub(crate) struct Ticket {
+    turns: Arc<Turns>,
+    key: String,
+    id: u64,
+    first: watch::Receiver<Option<u64>>,
+    freed: watch::Receiver<u64>,
+}
+
+impl Ticket {
+    /// Whether this ticket is first in line.
+    pub(crate) fn is_first(&self) -> bool {
+        *self.first.borrow() == Some(self.id)
+    }
+
+    /// Resolves once this ticket is first in line.
+    pub(crate) async fn first(&mut self) {
+        let id = self.id;
+        let _ = self.first.wait_for(|first| *first == Some(id)).await;
+    }
+
+    /// Resolves the next time this client frees the key.
+    pub(crate) async fn freed(&mut self) {
+        if self.freed.changed().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    }
+}
+
+impl Drop for Ticket {
+    fn drop(&mut self) {
+        let mut lines = self.turns.lock();
+        let Some(line) = lines.get_mut(&self.key) else {
+            return;
+        };
+        line.waiting.remove(&self.id);
+        if line.waiting.is_empty() {
+            lines.remove(&self.key);
+            return;
+        }
+        let now = line.waiting.first().copied();
+        line.first
+            .send_if_modified(|first| std::mem::replace(first, now) != now);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn the_first_in_line_goes_first_and_the_next_follows_when_it_leaves() {
+        let turns = Arc::new(Turns::default());
+        let a = turns.join("k");
+        let mut b = turns.join("k");
+        let c = turns.join("k");
+        let other = turns.join("other");
+        assert!(a.is_first() && !b.is_first() && !c.is_first() && other.is_first());
+        drop(a);
+        b.first().await;
+        assert!(b.is_first() && !c.is_first());
+        // Leaving from the middle keeps the order.
+        let d = turns.join("k");
+        drop(c);
+        drop(b);
+        assert!(d.is_first());
+        drop(d);
+        assert!(crate::lock_unpoisoned(&turns.lines).contains_key("other"));
+        drop(other);
+        assert!(
+            crate::lock_unpoisoned(&turns.lines).is_empty(),
+            "no line is kept"
+        );
+    }
+
+    #[tokio::test]
+    async fn freeing_the_key_wakes_its_line() {
+        let turns = Arc::new(Turns::default());
+        let mut a = turns.join("k");
+        turns.freed("other");
+        turns.freed("k");
+        tokio::time::timeout(std::time::Duration::from_secs(5), a.freed())
+            .await
+            .expect("woken");
+    }
+}
