@@ -86,8 +86,9 @@ pub(crate) fn all(events: &[Stamped], server: &Server, end: Duration) -> Vec<Str
     within_lease(&beliefs, &grants, server, &jumps, &breaks, &mut violations);
     leaks::undone(events, server, &jumps, &breaks, &mut violations);
     leaks::at_end(events, server, &mut violations);
-    leaks::reported_at_shutdown(events, server, &mut violations);
+    leaks::reported_at_shutdown(events, server, &jumps, &mut violations);
     recovery::after_crash(events, &beliefs, server, &jumps, &breaks, &mut violations);
+    recovery::after_release(events, server, &breaks, &mut violations);
     truth::releases(events, server, &jumps, &mut violations);
     truth::successes(events, server, &mut violations);
     remaining(events, &grants, server, &jumps, &breaks, &mut violations);
@@ -423,6 +424,7 @@ fn waits(events: &[Stamped], server: &Server, out: &mut Vec<String>) {
             key,
             until,
             how,
+            ..
         } = &e.event
         else {
             continue;

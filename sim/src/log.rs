@@ -42,12 +42,14 @@ pub(crate) enum Event {
     },
     /// A guard broke its own contract (a wrong `ttl()`, say).
     Contract { client: usize, what: String },
-    /// An operation that waits for `key` if it is held, until `until`.
+    /// An operation that waits for `key` if it is held, until `until`,
+    /// trying at most `poll` apart once its ramp has grown.
     Waits {
         client: usize,
         key: String,
         until: Duration,
         how: Waiting,
+        poll: Duration,
     },
     /// A program's operation ended (done, failed or dropped).
     StepEnded { client: usize },
@@ -65,8 +67,13 @@ pub(crate) enum Event {
     },
     /// A release the program sent by hand (a plain lease, its own token)
     /// did not free `key`: the program knows, and the lease is its own
-    /// business, not `shutdown`'s.
-    Kept { client: usize, key: String },
+    /// business, not `shutdown`'s. `fence` when the program knows it (a
+    /// plain lease); else every lease of the key granted to it so far.
+    Kept {
+        client: usize,
+        key: String,
+        fence: Option<i64>,
+    },
     /// A fault the driver injected.
     Fault { what: String },
     /// The server clock jumped by `by` (excuses beliefs that span it).

@@ -60,6 +60,7 @@ fn parse() -> Result<Args, String> {
                     "deadline-from-receipt" => Sabotage::DeadlineFromReceipt,
                     "try-after-deadline" => Sabotage::TryAfterDeadline,
                     "drop-refused-release" => Sabotage::DropRefusedRelease,
+                    "no-ramp" => Sabotage::NoRamp,
                     other => return Err(format!("unknown sabotage {other:?}")),
                 }
             }

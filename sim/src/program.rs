@@ -113,6 +113,10 @@ impl Program {
                         12 | 13 => Waiting::Set,
                         _ => Waiting::Acquire,
                     },
+                    poll: match op {
+                        10 => Duration::from_secs(10),
+                        _ => poll_for(coin),
+                    },
                 });
             }
             let step = ctx.step(op, key.clone(), ttl, work, coin, &self.keys);
@@ -425,20 +429,22 @@ impl Ctx {
                     tokio::time::sleep(Duration::from_millis(500)).await;
                 }
                 Err(err) => {
-                    self.kept(key);
+                    self.kept(key, None);
                     return self.note(format!("release {key} of own token: {err}"));
                 }
                 Ok(()) => return self.released(key, Ok(())),
             }
         }
-        self.kept(key);
+        self.kept(key, None);
     }
 
-    /// A release this program sent by hand did not free `key`.
-    fn kept(&self, key: &str) {
+    /// A release this program sent by hand did not free `key` (the lease
+    /// with `fence`, when known).
+    fn kept(&self, key: &str, fence: Option<i64>) {
         self.log.push(Event::Kept {
             client: self.id,
             key: key.to_owned(),
+            fence,
         });
     }
 
@@ -532,7 +538,7 @@ impl Ctx {
         };
         let released = locks.release(&lease).await;
         if released.is_err() {
-            self.kept(key);
+            self.kept(key, Some(lease.fencing_token()));
         }
         self.released(key, released);
     }

@@ -151,9 +151,14 @@ pub(super) fn at_end(events: &[Stamped], server: &Server, out: &mut Vec<String>)
 /// itself (a plain lease, a release it sent by hand that failed): a
 /// release the SDK let go of that did not free the lease (refused with
 /// `401`/`403`, given up) is never silently dropped.
-pub(super) fn reported_at_shutdown(events: &[Stamped], server: &Server, out: &mut Vec<String>) {
-    // Which client each granted fence went to.
-    let mut granted: BTreeMap<(&str, i64), usize> = BTreeMap::new();
+pub(super) fn reported_at_shutdown(
+    events: &[Stamped],
+    server: &Server,
+    jumps: &[(Duration, Duration)],
+    out: &mut Vec<String>,
+) {
+    // Which client each granted fence went to, and when (sim time).
+    let mut granted: BTreeMap<(&str, i64), (usize, Duration)> = BTreeMap::new();
     for r in &server.journal {
         let (Operation::Acquire, Some(201), Some(fence)) = (r.operation, r.status, r.fencing_token)
         else {
@@ -164,15 +169,31 @@ pub(super) fn reported_at_shutdown(events: &[Stamped], server: &Server, out: &mu
             .as_ref()
             .and_then(|id| server.sent.by_id.get(id));
         if let Some((client, _)) = sender {
-            granted.insert((r.key.as_str(), fence), *client);
+            granted
+                .entry((r.key.as_str(), fence))
+                .or_insert((*client, sim_time(server, jumps, r.at)));
         }
     }
-    let mut own: BTreeSet<(usize, &str)> = BTreeSet::new();
+    // Leases the programs manage by hand and failed to release: by fence,
+    // or (own tokens) every lease of the key granted before the failure.
+    let mut kept_fences: BTreeSet<(usize, &str, i64)> = BTreeSet::new();
+    let mut kept_until: BTreeMap<(usize, &str), Duration> = BTreeMap::new();
     let mut plain: BTreeSet<(usize, &str, i64)> = BTreeSet::new();
     for e in events {
         match &e.event {
-            Event::Kept { client, key } => {
-                own.insert((*client, key.as_str()));
+            Event::Kept {
+                client,
+                key,
+                fence: Some(fence),
+            } => {
+                kept_fences.insert((*client, key.as_str(), *fence));
+            }
+            Event::Kept {
+                client,
+                key,
+                fence: None,
+            } => {
+                kept_until.insert((*client, key.as_str()), e.at);
             }
             Event::Leased { client, key, fence } => {
                 plain.insert((*client, key.as_str(), *fence));
@@ -190,11 +211,15 @@ pub(super) fn reported_at_shutdown(events: &[Stamped], server: &Server, out: &mu
             continue;
         };
         for (key, fence) in live_then {
-            let theirs = granted.get(&(key.as_str(), *fence)) == Some(client);
-            let excused = unreleased.contains(key)
-                || own.contains(&(*client, key.as_str()))
-                || plain.contains(&(*client, key.as_str(), *fence));
-            if theirs && !excused {
+            let Some(&(owner, at)) = granted.get(&(key.as_str(), *fence)) else {
+                continue;
+            };
+            let by_hand = kept_fences.contains(&(*client, key.as_str(), *fence))
+                || plain.contains(&(*client, key.as_str(), *fence))
+                || kept_until
+                    .get(&(*client, key.as_str()))
+                    .is_some_and(|kept| at <= *kept);
+            if owner == *client && !unreleased.contains(key) && !by_hand {
                 out.push(format!(
                     "unreported lease: client {client}'s shutdown returned while the server \
                      still held {key} (fence {fence}) for it, and did not name the key"
