@@ -61,18 +61,24 @@ fn waiter_requests(journal: &[RecordedRequest]) -> usize {
         .count()
 }
 
-/// One trial: a holder (ttl 60 s, renewing) releases gracefully `into`
-/// after the waiter began; how long until the waiter held the lock, and
-/// how many requests the waiter sent.
-async fn trial(into: Duration) -> (Duration, usize) {
+/// A server with the service's quota, and "job" held there (ttl 60 s,
+/// renewing) by a client of its own.
+async fn held_elsewhere() -> (MockServer, volcano::HeldLock) {
     let server = MockServer::builder().rate_limit(QUOTA).start().await;
-    let holder = client(&server);
-    let held = holder
+    let held = client(&server)
         .locks()
         .hold("job", Duration::from_secs(60))
         .request_id(HOLDER_RID)
         .await
         .expect("the holder acquires");
+    (server, held)
+}
+
+/// One trial: a holder (ttl 60 s, renewing) releases gracefully `into`
+/// after the waiter began; how long until the waiter held the lock, and
+/// how many requests the waiter sent.
+async fn trial(into: Duration) -> (Duration, usize) {
+    let (server, held) = held_elsewhere().await;
     let waiter = client(&server);
     let waiting = tokio::spawn(async move {
         let lease = waiter
@@ -135,19 +141,40 @@ async fn pickup() {
         );
     }
     println!();
+    // The ramp is nearly deterministic: at a fixed offset every trial has
+    // about the same phase. Releases spread over the first minute show
+    // the whole distribution.
+    let spread: Vec<Duration> = (0..40)
+        .map(|i| Duration::from_secs_f64(0.5 + 59.5 * f64::from(i) / 39.0))
+        .collect();
+    let runs: Vec<_> = spread
+        .iter()
+        .map(|&into| tokio::spawn(trial(into)))
+        .collect();
+    let mut shares = Vec::new();
+    for (into, run) in spread.iter().zip(runs) {
+        let (delay, _) = run.await.expect("a trial");
+        let bound = into
+            .mul_f64(0.3)
+            .max(Duration::from_millis(300))
+            .min(Duration::from_secs(10));
+        shares.push(delay.as_secs_f64() / bound.as_secs_f64());
+    }
+    shares.sort_by(f64::total_cmp);
+    let at = |p: f64| shares[((shares.len() as f64 - 1.0) * p).round() as usize];
+    println!(
+        "Releases spread over 0.5-60 s into the wait (40): release -> held as a share of the \
+         bound max(0.3 s, 30 % of the time waited) capped at 10 s: p50 {:.2}, p95 {:.2}, max {:.2}\n",
+        at(0.5),
+        at(0.95),
+        at(1.0)
+    );
 }
 
 /// Waiters behind a holder that never lets go, for `minutes`: the
 /// requests each sends per minute, minute by minute.
 async fn per_minute_of_waiting(waiters: usize, minutes: u64) -> Vec<f64> {
-    let server = MockServer::builder().rate_limit(QUOTA).start().await;
-    let holder = client(&server);
-    let held = holder
-        .locks()
-        .hold("job", Duration::from_secs(60))
-        .request_id(HOLDER_RID)
-        .await
-        .expect("the holder acquires");
+    let (server, held) = held_elsewhere().await;
     let mut tasks = Vec::new();
     for _ in 0..waiters {
         let waiter = client(&server);

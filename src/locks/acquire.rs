@@ -4,11 +4,15 @@
 
 use std::time::Duration;
 
-use super::{release, turns, wait, Common, Locks};
+use super::{release, wait, Common, Locks};
 use crate::error::{Error, Result};
 use crate::lease::LockLease;
 use crate::ops;
 use crate::validate;
+
+/// How long before its deadline a waiter behind another of its client
+/// makes its one try of its own.
+const LAST_TRY_LEAD: Duration = Duration::from_millis(500);
 
 /// A lease as a guard needs it: when it was asked for, and what the server
 /// granted by its own clock.
@@ -297,10 +301,33 @@ impl Acquire {
         undo: &mut Undo<'_>,
     ) -> Result<Measured> {
         let mut then = wait::Then::Acquire;
-        // A place in the key's line, taken after the first try failed:
-        // only the first in line sends requests.
-        let mut ticket: Option<turns::Ticket> = None;
+        // Waiters of this client on this key take turns, in the order they
+        // began: only the first in line sends. One behind it tries once of
+        // its own just before its deadline, so that what it returns is an
+        // answer it got (the key may be free, or the service unreachable).
+        let mut ticket = self.common.locks.client.turns().join(&self.key);
+        let mut last_try_made = false;
         loop {
+            if !ticket.is_first() {
+                let wake = if last_try_made {
+                    waiter.remaining()
+                } else {
+                    waiter.remaining().saturating_sub(LAST_TRY_LEAD)
+                };
+                tokio::select! {
+                    biased;
+                    () = ticket.first() => then = wait::Then::Acquire,
+                    () = tokio::time::sleep(wake) => {
+                        if last_try_made {
+                            if let Some(err) = waiter.timed_out() {
+                                return Err(err);
+                            }
+                        }
+                        last_try_made = true;
+                        then = wait::Then::Acquire;
+                    }
+                }
+            }
             // What the last try said, for the log: held, or its error.
             let mut failed: Option<String> = None;
             let step = match then {
@@ -352,23 +379,12 @@ impl Acquire {
                     "acquire failed; trying again"
                 ),
             }
-            let ticket =
-                ticket.get_or_insert_with(|| self.common.locks.client.turns().join(&self.key));
             if ticket.is_first() {
                 tokio::select! {
                     biased;
                     // This client freed the key: try now.
                     () = ticket.freed() => then = wait::Then::Acquire,
                     () = tokio::time::sleep(pause.min(waiter.remaining())) => {}
-                }
-            }
-            if !ticket.is_first() {
-                // Another waiter of this client tries for both; once it is
-                // done (acquired, timed out, dropped), this one tries.
-                tokio::select! {
-                    biased;
-                    () = ticket.first() => then = wait::Then::Acquire,
-                    () = tokio::time::sleep(waiter.remaining()) => {}
                 }
             }
             if let Some(err) = waiter.timed_out() {

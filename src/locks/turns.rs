@@ -32,8 +32,9 @@ struct Line {
 impl Turns {
     /// Joins the line for `key`.
     pub(crate) fn join(self: &Arc<Self>, key: &str) -> Ticket {
-        let id = self.next.fetch_add(1, Ordering::Relaxed);
         let mut lines = self.lock();
+        // Under the lock: tickets enter the line in the order of their ids.
+        let id = self.next.fetch_add(1, Ordering::Relaxed);
         let line = lines.entry(key.to_owned()).or_insert_with(|| Line {
             waiting: BTreeSet::new(),
             first: watch::Sender::new(None),

@@ -56,8 +56,9 @@ pub(crate) const RAMP_RATIO: f64 = 0.3;
 /// The interval between tries at the start of a wait (or the poll
 /// interval, if shorter).
 pub(crate) const RAMP_FLOOR: Duration = Duration::from_millis(300);
-/// The default poll interval for an early release: waiters on a key with a
-/// 15 s ttl send about 6.5 requests a minute each (docs/benchmarks.md).
+/// The default poll interval: once its ramp has grown, a waiter tries
+/// about six times a minute, plus a look per holder's lease period
+/// (docs/benchmarks.md).
 pub(crate) const DEFAULT_POLL: Duration = Duration::from_secs(10);
 /// What a look at the holder (`get`) found.
 #[derive(Debug, Clone, Copy)]
@@ -396,7 +397,8 @@ impl Waiter {
 
     /// The pause before the next try: [`RAMP_RATIO`] of the time waited,
     /// within [[`RAMP_FLOOR`], poll interval], jittered down by up to a
-    /// tenth (never up: the pause is the longest a release goes unseen).
+    /// tenth while it grows (never up: the pause is the longest a release
+    /// goes unseen), ±5 % once at the poll interval.
     /// A wait without a deadline (a leader's campaign, a standby) polls
     /// at the poll interval from the start: a fleet of candidates starting
     /// together would otherwise spend most of the project's quota in its
@@ -405,7 +407,14 @@ impl Waiter {
         let u = crate::random::unit();
         match self.deadline {
             Some(_) if !self.throttled && !sabotaged!(NoRamp) => {
-                ramp(self.started.elapsed(), self.poll_interval).mul_f64(1.0 - 0.1 * u)
+                let step = ramp(self.started.elapsed(), self.poll_interval);
+                if step < self.poll_interval {
+                    step.mul_f64(1.0 - 0.1 * u)
+                } else {
+                    // At the poll interval, ±5 %: a try every interval on
+                    // average (not a tenth more often).
+                    step.mul_f64(0.95 + 0.1 * u)
+                }
             }
             // ±10 %: a fleet's tries spread out.
             _ => self.poll_interval.mul_f64(0.9 + 0.2 * u),
@@ -484,11 +493,11 @@ mod tests {
         let (pause, then) = retry(waiter.after(answer(409, None)));
         assert_eq!(then, Then::Acquire);
         assert!(pause >= ms(2_700) && pause <= S(3), "{pause:?}");
-        // 40 s in: the poll interval.
+        // 40 s in: the poll interval, ±5 %.
         tokio::time::advance(S(30)).await;
         let (pause, then) = retry(waiter.after(answer(409, None)));
         assert_eq!(then, Then::Acquire);
-        assert!(pause >= S(9) && pause <= S(10), "{pause:?}");
+        assert!(pause >= ms(9_500) && pause <= ms(10_500), "{pause:?}");
         // 55 s in, the takeover moment (61.1 to 61.6 s) comes before the
         // next try: sleep to it, then look.
         tokio::time::advance(S(15)).await;

@@ -1,5 +1,6 @@
-//! The background renewal task: renews at about ttl/3, retries transient
-//! failures inside the safe window, and records a loss when it must stop.
+//! The background renewal task: renews at about half the ttl (ttl/3 for
+//! short ttls; see `state::renewal_delay`), retries transient failures
+//! inside the safe window, and records a loss when it must stop.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Arc;

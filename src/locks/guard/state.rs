@@ -21,13 +21,16 @@ const MAX_RENEW_DELAY: Duration = Duration::from_secs(60);
 const RETRY_ROOM: Duration = Duration::from_secs(10);
 
 /// Delay before the next renewal: about half the ttl, as long as that
-/// leaves [`RETRY_ROOM`] for retries, else ttl/3 (Ruby's cadence, protocol
+/// leaves [`RETRY_ROOM`] of the time `remaining` for retries, else ttl/3
+/// (Ruby's cadence, protocol
 /// 5.3, which short ttls keep); at most 60 s; ±10 % jitter (`u` uniform in
 /// [0, 1)); never later than 2 s before the local deadline (`remaining`
 /// from now). Zero means renew now. A project's quota pays for every
 /// renewal: at ttl 30 s this is 4 renewals a minute instead of 6.
 fn renewal_delay(ttl: Duration, remaining: Duration, u: f64) -> Duration {
-    let later = (ttl / 2).min(ttl.saturating_sub(RETRY_ROOM));
+    // From the time actually left (a slow acquire leaves less than the
+    // ttl): never past the point that keeps the retry room.
+    let later = (ttl / 2).min(remaining.saturating_sub(RETRY_ROOM));
     let base = later.max(ttl / 3).min(MAX_RENEW_DELAY);
     let latest = remaining.saturating_sub(SAFETY_MARGIN + REQUEST_BUDGET);
     let delay = base.min(latest).mul_f64(0.9 + 0.2 * u.clamp(0.0, 1.0));
@@ -352,6 +355,15 @@ mod tests {
         // ttl 15 and less keep Ruby's ttl/3: half would leave under 10 s.
         assert_eq!(renewal_delay(S(15), S(15), 0.5), S(5));
         assert_eq!(renewal_delay(S(12), S(12), 0.5), S(4));
+        // A slow acquire left 13 s of a 20 s ttl: 3 s would keep the retry
+        // room, but never sooner than ttl/3.
+        let d = renewal_delay(S(20), S(13), 0.5);
+        assert!(
+            d > Duration::from_millis(6_660) && d < Duration::from_millis(6_670),
+            "{d:?}"
+        );
+        // 25 s left of 30: 15 s keeps the room.
+        assert_eq!(renewal_delay(S(30), S(25), 0.5), S(15));
         // ttl 300 -> 60 s cap.
         assert_eq!(renewal_delay(S(300), S(300), 0.5), S(60));
         // ttl 5 -> about 1.67 s.
