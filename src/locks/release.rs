@@ -178,13 +178,8 @@ pub(crate) enum LetGo {
 /// release goes on in the background; after a refusal (`401`, `403`,
 /// `400`, ...) the lease is recorded as possibly held, so that
 /// `Client::shutdown` names it whatever the caller does with the error.
-/// `live_for` says, once the attempts are over, how long the server may
-/// still keep the lease.
-pub(crate) async fn let_go(
-    locks: &Locks,
-    lease: &LockLease,
-    live_for: impl FnOnce() -> Duration,
-) -> LetGo {
+/// `live_for` is how long the server may still keep the lease, at most.
+pub(crate) async fn let_go(locks: &Locks, lease: &LockLease, live_for: Duration) -> LetGo {
     let persistence = Persistence::foreground(locks);
     let err = match confirmed(locks, lease, persistence, None).await {
         Ok(_) => return LetGo::Freed,
@@ -199,7 +194,6 @@ pub(crate) async fn let_go(
         }
         Err(Failed { err, .. }) => err,
     };
-    let live_for = live_for();
     if retry::is_transient(&err) {
         in_background(
             locks,

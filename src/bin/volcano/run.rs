@@ -174,8 +174,11 @@ async fn not_started(holding: Holding<'_>, program: &str, err: &std::io::Error) 
     };
     let released = holding.held.release().await;
     let mut warning = format!("cannot start {program:?}: {err}");
-    if let Err(err) = released {
-        warning.push_str(&format!("; releasing the lock failed: {err}"));
+    match released {
+        Ok(()) => {}
+        // No work was done under it; the lock is another token's now.
+        Err(Error::LockLost(lost)) => warning.push_str(&format!("; {lost}")),
+        Err(err) => warning.push_str(&format!("; releasing the lock failed: {err}")),
     }
     let summary = json!({
         "key": holding.key,

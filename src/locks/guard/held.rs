@@ -323,7 +323,7 @@ impl HeldLock {
     async fn release_lease(&mut self) -> LetGo {
         let state = &self.guard.state;
         let lease = state.lease();
-        let outcome = release::let_go(&self.locks, &lease, || state.server_may_hold_for()).await;
+        let outcome = release::let_go(&self.locks, &lease, state.server_may_hold_for()).await;
         self.stage = Stage::Released;
         match &outcome {
             LetGo::Freed => tracing::info!(

@@ -159,7 +159,7 @@ impl HoldAll {
             match one.await {
                 Ok(lock) => held.push(lock),
                 Err(err) => {
-                    let_go(held).await;
+                    release_all(held).await;
                     return Err(err);
                 }
             }
@@ -167,7 +167,7 @@ impl HoldAll {
         // A key taken early may have been lost while a later one was waited
         // for: the set is not whole, so it is not handed over.
         if let Some(lost) = held.iter().find_map(|lock| lock.failure()) {
-            let_go(held).await;
+            release_all(held).await;
             return Err(Error::LockLost(lost));
         }
         Ok(HeldLocks::new(held))
@@ -177,7 +177,7 @@ impl HoldAll {
 /// Releases the keys of a set that could not be completed. Their errors
 /// are not lost: a release that did not free its lease goes on in the
 /// background or is recorded for `Client::shutdown` (`release::let_go`).
-async fn let_go(held: Vec<HeldLock>) {
+async fn release_all(held: Vec<HeldLock>) {
     for lock in held.into_iter().rev() {
         let _ = lock.release().await;
     }
