@@ -71,9 +71,11 @@ static PG_TABLE: std::sync::LazyLock<Table> =
 
 impl FencedStore {
     async fn write(&self, fence: i64, at: DateTime<Utc>, db: Option<&AsyncMutex<PgClient>>) {
-        match self.gate.check(KEY, fence) {
-            Ok(()) => *self.accepted.lock().unwrap() += 1,
-            Err(_) => self.rejected.lock().unwrap().push((fence, at)),
+        let accepted = self
+            .gate
+            .write(KEY, fence, || *self.accepted.lock().unwrap() += 1);
+        if accepted.is_err() {
+            self.rejected.lock().unwrap().push((fence, at));
         }
         let Some(db) = db else { return };
         let mut db = db.lock().await;

@@ -2,7 +2,12 @@
 
 use std::collections::HashMap;
 use std::fmt;
+use std::future::Future;
+use std::pin::pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::task::{Context, Poll, Wake, Waker};
+
+use tokio::sync::{Mutex as Turn, OwnedMutexGuard};
 
 use crate::error::{check_resource, Error};
 
@@ -11,18 +16,47 @@ use crate::error::{check_resource, Error};
 /// inside one process (a file, a cache, a test double); clones share their
 /// state.
 ///
+/// The check and the write must be one step, or a holder whose check
+/// passed can still write after a newer holder did. [`Gate::write`] runs a
+/// synchronous write inside the check; [`Gate::enter`] holds the resource
+/// across an asynchronous one. [`Gate::check`] alone guards nothing that
+/// comes after it.
+///
 /// ```
 /// let gate = volcano_fence::Gate::new();
-/// gate.check("nightly-report", 7)?;
-/// gate.check("nightly-report", 7)?; // the same holder, again
-/// let stale = gate.check("nightly-report", 6).unwrap_err();
+/// let mut report = String::new();
+/// gate.write("nightly-report", 7, || report.push_str("by 7"))?;
+/// gate.write("nightly-report", 7, || report.push_str(", again"))?; // the same holder
+/// let stale = gate.write("nightly-report", 6, || report.clear()).unwrap_err();
 /// assert!(stale.is_stale());
 /// assert_eq!(stale.highest_seen(), Some(7));
+/// assert_eq!(report, "by 7, again");
 /// # Ok::<(), volcano_fence::Error>(())
 /// ```
 #[derive(Clone, Default)]
 pub struct Gate {
-    highest: Arc<Mutex<HashMap<String, i64>>>,
+    inner: Arc<Mutex<Resources>>,
+}
+
+#[derive(Default)]
+struct Resources {
+    highest: HashMap<String, i64>,
+    /// Held while a resource's fence is checked and its write runs.
+    turns: HashMap<String, Arc<Turn<()>>>,
+}
+
+/// A resource of a [`Gate`] held by a fence that passed ([`Gate::enter`]):
+/// until it is dropped, every other check of that resource waits, so the
+/// write made while holding it lands before any later holder's.
+#[must_use = "the resource is held only while this lives: write, then drop it"]
+pub struct Entered {
+    _turn: OwnedMutexGuard<()>,
+}
+
+impl fmt::Debug for Entered {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Entered")
+    }
 }
 
 impl Gate {
@@ -31,16 +65,13 @@ impl Gate {
         Gate::default()
     }
 
-    /// Records `fence` for `resource` unless a higher one was seen; a lower
-    /// one is a stale [`Error`] and records nothing.
-    pub fn check(&self, resource: &str, fence: i64) -> Result<(), Error> {
-        self.write(resource, fence, || ())
-    }
-
     /// Checks `fence` as [`Gate::check`] does and, if it passes, runs
-    /// `write` before any other check of any resource of this gate can
-    /// pass: the check and the write are one step, so accepted writes
-    /// happen in fence order. `write` must not use this gate.
+    /// `write` before any other check of `resource` can pass: accepted
+    /// writes of a resource happen in fence order. A stale fence is an
+    /// [`Error`] and `write` does not run. `write` must not use this gate
+    /// for the same resource. This waits (blocking the thread) while an
+    /// [`Entered`] of the resource is held: in async code use
+    /// [`Gate::enter`].
     pub fn write<T>(
         &self,
         resource: &str,
@@ -48,33 +79,100 @@ impl Gate {
         write: impl FnOnce() -> T,
     ) -> Result<T, Error> {
         check_resource(resource)?;
-        let mut highest = self.lock();
-        match highest.get_mut(resource) {
-            Some(seen) if fence < *seen => return Err(Error::stale(resource, fence, *seen)),
-            Some(seen) => *seen = fence,
-            None => {
-                highest.insert(resource.to_owned(), fence);
-            }
-        }
+        let turn = self.turn(resource);
+        let _held = match turn.clone().try_lock_owned() {
+            Ok(held) => held,
+            Err(_) => block_on(turn.lock_owned()),
+        };
+        self.record(resource, fence)?;
         Ok(write())
+    }
+
+    /// The async form of [`Gate::write`]: waits for the resource, checks
+    /// `fence` and, when it passes, holds the resource until the returned
+    /// [`Entered`] is dropped. Write while holding it.
+    ///
+    /// ```
+    /// # async fn demo(gate: volcano_fence::Gate, fence: i64) -> Result<(), volcano_fence::Error> {
+    /// let entered = gate.enter("nightly-report", fence).await?;
+    /// // ... the write, awaited here ...
+    /// drop(entered);
+    /// # Ok(()) }
+    /// ```
+    pub async fn enter(&self, resource: &str, fence: i64) -> Result<Entered, Error> {
+        check_resource(resource)?;
+        let turn = self.turn(resource).lock_owned().await;
+        self.record(resource, fence)?;
+        Ok(Entered { _turn: turn })
+    }
+
+    /// Records `fence` for `resource` unless a higher one was seen; a lower
+    /// one is a stale [`Error`] and records nothing. It guards no write
+    /// made after it returns: another holder's check may pass in between,
+    /// and the two writes land out of fence order. Use [`Gate::write`] or
+    /// [`Gate::enter`] for that.
+    pub fn check(&self, resource: &str, fence: i64) -> Result<(), Error> {
+        self.write(resource, fence, || ())
     }
 
     /// The highest fence seen for `resource`.
     pub fn highest_seen(&self, resource: &str) -> Option<i64> {
-        self.lock().get(resource).copied()
+        self.lock().highest.get(resource).copied()
     }
 
-    fn lock(&self) -> MutexGuard<'_, HashMap<String, i64>> {
-        // A panic in a `write` closure leaves the map consistent: it is
-        // only changed before the closure runs.
-        self.highest.lock().unwrap_or_else(PoisonError::into_inner)
+    fn turn(&self, resource: &str) -> Arc<Turn<()>> {
+        let mut resources = self.lock();
+        if let Some(turn) = resources.turns.get(resource) {
+            return turn.clone();
+        }
+        let turn = Arc::new(Turn::new(()));
+        resources.turns.insert(resource.to_owned(), turn.clone());
+        turn
+    }
+
+    fn record(&self, resource: &str, fence: i64) -> Result<(), Error> {
+        let mut resources = self.lock();
+        match resources.highest.get_mut(resource) {
+            Some(seen) if fence < *seen => return Err(Error::stale(resource, fence, Some(*seen))),
+            Some(seen) => *seen = fence,
+            None => {
+                resources.highest.insert(resource.to_owned(), fence);
+            }
+        }
+        Ok(())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Resources> {
+        // Nothing panics while it is held; a panic in a `write` closure
+        // happens outside it.
+        self.inner.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+/// Runs `future` to completion on this thread (for the synchronous
+/// [`Gate::write`] waiting for an async holder of its resource).
+fn block_on<F: Future>(future: F) -> F::Output {
+    struct Unpark(std::thread::Thread);
+    impl Wake for Unpark {
+        fn wake(self: Arc<Self>) {
+            self.0.unpark();
+        }
+    }
+    let waker = Waker::from(Arc::new(Unpark(std::thread::current())));
+    let mut cx = Context::from_waker(&waker);
+    let mut future = pin!(future);
+    loop {
+        if let Poll::Ready(out) = future.as_mut().poll(&mut cx) {
+            return out;
+        }
+        std::thread::park();
     }
 }
 
 impl fmt::Debug for Gate {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Gate")
-            .field("resources", &self.lock().len())
+            .field("resources", &self.lock().highest.len())
             .finish()
     }
 }
@@ -108,6 +206,35 @@ mod tests {
         gate.write("r", 2, || wrote.push(2)).unwrap();
         assert!(gate.write("r", 1, || wrote.push(1)).is_err());
         assert_eq!(wrote, [2]);
+    }
+
+    #[tokio::test]
+    async fn an_entered_resource_holds_later_checks_until_it_is_dropped() {
+        let gate = Gate::new();
+        let entered = gate.enter("r", 5).await.unwrap();
+        // Another resource is independent.
+        gate.check("other", 1).unwrap();
+        let later = tokio::spawn({
+            let gate = gate.clone();
+            async move { gate.enter("r", 6).await.map(drop) }
+        });
+        // The same fence for both, so that either may go first.
+        let sync_later = std::thread::spawn({
+            let gate = gate.clone();
+            move || gate.write("r", 6, || 6)
+        });
+        // On this current-thread runtime the spawned task runs here, and
+        // waits: the resource is held.
+        tokio::task::yield_now().await;
+        assert!(!later.is_finished());
+        assert_eq!(gate.highest_seen("r"), Some(5));
+        drop(entered);
+        later.await.unwrap().unwrap();
+        assert_eq!(sync_later.join().unwrap().unwrap(), 6);
+        let stale = gate.enter("r", 5).await.unwrap_err();
+        assert_eq!(stale.highest_seen(), Some(6));
+        // A refused enter holds nothing.
+        gate.check("r", 6).unwrap();
     }
 
     #[test]

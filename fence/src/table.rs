@@ -3,23 +3,34 @@
 use crate::error::Error;
 
 /// Where the fences live in PostgreSQL: table `volcano_fences` (resource
-/// `text` primary key, fence `bigint`, updated_at `timestamptz`), in the
-/// first schema of the `search_path` (the default) or in a chosen one.
+/// `text` primary key, fence `bigint`, updated_at `timestamptz`) and the
+/// function `volcano_fence_refuse` that a stale check raises through, in
+/// schema `public` (the default) or in a chosen one.
+///
+/// The name is always qualified by its schema, so every writer of the
+/// database checks the same rows whatever its role's `search_path`, and a
+/// temporary table of the same name cannot stand in for it.
 ///
 /// ```
+/// assert_eq!(volcano_fence::Table::new().name(), "public.volcano_fences");
 /// let table = volcano_fence::Table::in_schema("billing")?;
 /// assert_eq!(table.name(), "\"billing\".volcano_fences");
 /// # Ok::<(), volcano_fence::Error>(())
 /// ```
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Table {
-    schema: Option<String>,
+    /// The schema as SQL spells it (quoted unless it is `public`).
+    schema: String,
     name: String,
-    /// The statements a check may send, made once.
-    update: String,
+    /// The check, made once.
     check: String,
-    highest: String,
 }
+
+/// The SQLSTATE of a stale check's error, raised by the function
+/// `volcano_fence_refuse` that `migrate` creates; its `DETAIL` reads
+/// `highest fence seen: N`. For code that runs the check's SQL through
+/// another driver (or `psql`, where it is the error's code).
+pub const STALE_SQLSTATE: &str = "VF001";
 
 #[cfg(any(feature = "sqlx", feature = "tokio-postgres"))]
 /// How many times `migrate` tries again after racing another migration.
@@ -31,8 +42,9 @@ pub(crate) const MIGRATE_TRIES: u32 = 3;
 /// transaction committed moments ago (its catalog cache is not refreshed
 /// by the advisory lock), and a second try sees it.
 pub(crate) fn raced(sqlstate: Option<&str>) -> bool {
-    // unique_violation (on the catalog), duplicate_schema, duplicate_table
-    matches!(sqlstate, Some("23505" | "42P06" | "42P07"))
+    // unique_violation (on the catalog), duplicate_schema, duplicate_table,
+    // duplicate_function
+    matches!(sqlstate, Some("23505" | "42P06" | "42P07" | "42723"))
 }
 
 /// The longest PostgreSQL identifier, in bytes.
@@ -45,18 +57,38 @@ const MIGRATE_LOCK: i64 = 0x766f_6c63_616e_6f66; // "volcanof"
 
 impl Default for Table {
     fn default() -> Self {
-        Table::named(None, "volcano_fences".to_owned())
+        Table::named("public".to_owned())
+    }
+}
+
+/// What `migrate` found missing, and so creates.
+#[cfg(any(feature = "sqlx", feature = "tokio-postgres"))]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Missing {
+    pub schema: bool,
+    pub table: bool,
+    pub function: bool,
+}
+
+#[cfg(any(feature = "sqlx", feature = "tokio-postgres"))]
+impl Missing {
+    pub(crate) fn nothing(self) -> bool {
+        !(self.schema || self.table || self.function)
     }
 }
 
 impl Table {
-    /// `volcano_fences` in the `search_path`'s first schema.
+    /// `public.volcano_fences`: the one table every writer of the database
+    /// checks. Every role can use schema `public` (PostgreSQL grants its
+    /// USAGE to all), so writers need only `SELECT, INSERT, UPDATE` on the
+    /// table.
     pub fn new() -> Self {
         Table::default()
     }
 
     /// `volcano_fences` in `schema` (created by `migrate` if missing). The
     /// name is quoted, so it is taken exactly as written, case included.
+    /// Every writer of a resource must use the same schema.
     pub fn in_schema(schema: &str) -> Result<Self, Error> {
         if schema.is_empty() {
             return Err(Error::invalid_schema("it is empty"));
@@ -74,100 +106,170 @@ impl Table {
                 "names starting with pg_ are reserved for PostgreSQL's own schemas",
             ));
         }
-        let quoted = format!("\"{}\"", schema.replace('"', "\"\""));
-        let name = format!("{quoted}.volcano_fences");
-        Ok(Table::named(Some(quoted), name))
+        Ok(Table::named(format!("\"{}\"", schema.replace('"', "\"\""))))
     }
 
-    fn named(schema: Option<String>, name: String) -> Self {
+    fn named(schema: String) -> Self {
+        let name = format!("{schema}.volcano_fences");
         Table {
-            update: format!(
-                "UPDATE {name} SET fence = $2, updated_at = now() \
-                 WHERE resource = $1 AND fence <= $2 RETURNING fence"
-            ),
-            check: Table::check_sql(&name),
-            highest: format!("SELECT fence FROM {name} WHERE resource = $1"),
+            check: check_sql(&name, &schema, "$1", "$2"),
             schema,
             name,
         }
     }
 
-    /// The table's name as the SQL spells it.
+    /// The table's name as the SQL spells it, schema included.
     pub fn name(&self) -> &str {
         &self.name
     }
 
-    /// Whether the table exists already (`$1` is [`Table::name`]): then
-    /// `migrate` runs no DDL, so a role without CREATE privileges can run
-    /// it at every start.
-    #[cfg(any(feature = "sqlx", feature = "tokio-postgres"))]
-    pub(crate) const EXISTS_SQL: &'static str = "SELECT to_regclass($1) IS NOT NULL";
+    /// The one statement of a check (`$1` the resource, `$2` the fence):
+    /// records the fence, locks the resource's row until the transaction
+    /// ends (inserting it on a first write, so that a first write is
+    /// serialized like any other), and raises [`STALE_SQLSTATE`] when a
+    /// higher fence is there, which aborts the transaction: nothing sent
+    /// after it, a write or a `COMMIT`, can commit. For drivers this crate
+    /// does not cover.
+    pub fn check_statement(&self) -> &str {
+        &self.check
+    }
 
-    /// Makes a refused check abort the caller's transaction on the server,
-    /// so that a caller who ignores the error cannot commit the write.
+    /// The check with its values written in (`$1`, `$2` as literals),
+    /// then `BEGIN`: sent as one simple query, the check runs in the
+    /// message's implicit transaction, which the `BEGIN` turns into the
+    /// caller's. When the check fails, the implicit transaction is rolled
+    /// back and no transaction is left open.
+    #[cfg(feature = "sqlx")]
+    pub(crate) fn check_then_begin(&self, resource: &str, fence: i64) -> String {
+        // An escape string literal means the same whatever
+        // standard_conforming_strings says; NUL was refused before.
+        let literal = resource.replace('\\', "\\\\").replace('\'', "''");
+        let check = check_sql(
+            &self.name,
+            &self.schema,
+            &format!("E'{literal}'"),
+            &format!("'{fence}'::bigint"),
+        );
+        format!("{check}; BEGIN")
+    }
+
+    /// The stale function's signature, for `to_regprocedure`.
+    #[cfg(any(feature = "sqlx", feature = "tokio-postgres"))]
+    fn function(&self) -> String {
+        format!("{}.volcano_fence_refuse(text,bigint,bigint)", self.schema)
+    }
+
+    /// What is missing: the schema, the table and the function (`$1`, `$2`,
+    /// `$3`: [`Table::state_params`]), and a `volcano_fences` that the
+    /// role's `search_path` finds outside `public`, temporary tables aside:
+    /// where earlier versions put the default table. No privilege is
+    /// needed to ask.
+    #[cfg(any(feature = "sqlx", feature = "tokio-postgres"))]
+    pub(crate) const STATE_SQL: &'static str = "SELECT pg_catalog.to_regnamespace($1) IS NULL, \
+        pg_catalog.to_regclass($2) IS NULL, pg_catalog.to_regprocedure($3) IS NULL, \
+        (SELECT n.nspname::text FROM pg_catalog.pg_class c \
+           JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
+          WHERE c.oid = pg_catalog.to_regclass('volcano_fences') \
+            AND n.nspname <> 'public' AND c.relpersistence <> 't')";
+
+    #[cfg(any(feature = "sqlx", feature = "tokio-postgres"))]
+    pub(crate) fn state_params(&self) -> [String; 3] {
+        [self.schema.clone(), self.name.clone(), self.function()]
+    }
+
+    /// When this is the default table and the role's `search_path` finds
+    /// an earlier version's default elsewhere: the error `migrate` gives
+    /// rather than let writers check a table beside it.
+    #[cfg(any(feature = "sqlx", feature = "tokio-postgres"))]
+    pub(crate) fn refuse_beside(
+        &self,
+        earlier: Option<String>,
+        backend: &'static str,
+    ) -> Result<(), Error> {
+        match earlier {
+            Some(schema) if self.is_default() => Err(Error::earlier_table(schema, backend)),
+            _ => Ok(()),
+        }
+    }
+
+    #[cfg(any(feature = "sqlx", feature = "tokio-postgres"))]
+    fn is_default(&self) -> bool {
+        self.schema == "public"
+    }
+
+    /// Aborts the caller's transaction on the server, so that a caller who
+    /// ignores the error of a check refused before it was sent (an invalid
+    /// resource name) cannot commit the write.
     #[cfg(any(feature = "sqlx", feature = "tokio-postgres"))]
     pub(crate) const POISON_SQL: &'static str = "DO $$ BEGIN RAISE EXCEPTION \
-        'volcano_fence: a stale fencing token was refused; this transaction cannot commit' \
-        USING ERRCODE = 'P0001'; END $$";
+        'volcano_fence: the fence check was refused; this transaction cannot commit' \
+        USING ERRCODE = 'VF002'; END $$";
 
     #[cfg(any(feature = "sqlx", feature = "tokio-postgres"))]
     /// The migration's statements, to run in one transaction: the
     /// advisory lock first (so that two processes migrating at once do not
-    /// race on `CREATE TABLE`), then the schema (if one was chosen) and the
-    /// table, each only if missing.
-    pub(crate) fn migrate_statements(&self) -> Vec<String> {
-        let mut statements = vec![format!("SELECT pg_advisory_xact_lock({MIGRATE_LOCK})")];
-        if let Some(schema) = &self.schema {
-            statements.push(format!("CREATE SCHEMA IF NOT EXISTS {schema}"));
+    /// race), then what is missing. Nothing is sent for what exists, so a
+    /// role with only CREATE on an existing schema can migrate, and a role
+    /// with no CREATE privilege at all once everything exists.
+    pub(crate) fn migrate_statements(&self, missing: Missing) -> Vec<String> {
+        let mut statements = vec![format!(
+            "SELECT pg_catalog.pg_advisory_xact_lock({MIGRATE_LOCK})"
+        )];
+        if missing.schema {
+            statements.push(format!("CREATE SCHEMA IF NOT EXISTS {}", self.schema));
         }
-        statements.push(format!(
-            "CREATE TABLE IF NOT EXISTS {} (\n\
-                 resource text PRIMARY KEY,\n\
-                 fence bigint NOT NULL,\n\
-                 updated_at timestamptz NOT NULL DEFAULT now()\n\
-             )",
-            self.name
-        ));
+        if missing.table {
+            statements.push(format!(
+                "CREATE TABLE IF NOT EXISTS {} (\n\
+                     resource text PRIMARY KEY,\n\
+                     fence bigint NOT NULL,\n\
+                     updated_at timestamptz NOT NULL DEFAULT now()\n\
+                 )",
+                self.name
+            ));
+        }
+        if missing.function {
+            statements.push(refuse_function_sql(&self.schema));
+        }
         statements
     }
+}
 
-    /// Records `$2` for resource `$1` unless a higher fence is there, and
-    /// returns it; no row when refused. Either way the resource's row is
-    /// locked until the transaction ends (PostgreSQL locks the conflicting
-    /// row of `ON CONFLICT DO UPDATE` whether or not its `WHERE` holds),
-    /// which serializes the resource's writers.
-    fn check_sql(name: &str) -> String {
-        format!(
-            "INSERT INTO {name} AS f (resource, fence, updated_at) VALUES ($1, $2, now()) \
-             ON CONFLICT (resource) DO UPDATE SET fence = EXCLUDED.fence, updated_at = now() \
-             WHERE f.fence <= EXCLUDED.fence \
-             RETURNING fence"
-        )
-    }
+/// The check: one statement on every path. A new resource's row is
+/// inserted (and so locked: a second writer's insert waits for this
+/// transaction); an existing one is locked and updated, and when its fence
+/// is higher the `ELSE` branch raises. `ON CONFLICT DO UPDATE` evaluates
+/// the `SET` on the row as it is once locked (the latest committed
+/// version, in READ COMMITTED), so the comparison cannot be overtaken.
+fn check_sql(name: &str, schema: &str, resource: &str, fence: &str) -> String {
+    format!(
+        "INSERT INTO {name} AS f (resource, fence, updated_at) \
+         VALUES ({resource}, {fence}, pg_catalog.now()) \
+         ON CONFLICT (resource) DO UPDATE SET \
+         fence = CASE WHEN f.fence <= EXCLUDED.fence THEN EXCLUDED.fence \
+         ELSE {schema}.volcano_fence_refuse(f.resource, EXCLUDED.fence, f.fence) END, \
+         updated_at = pg_catalog.now()"
+    )
+}
 
-    #[cfg(any(feature = "sqlx", feature = "tokio-postgres"))]
-    /// The fence recorded for resource `$1` (after a refused check, which
-    /// holds its row lock: the value cannot move under it).
-    pub(crate) fn highest_sql(&self) -> &str {
-        &self.highest
-    }
-
-    #[cfg(any(feature = "sqlx", feature = "tokio-postgres"))]
-    /// See [`Table::check_sql`].
-    pub(crate) fn check_statement(&self) -> &str {
-        &self.check
-    }
-
-    #[cfg(any(feature = "sqlx", feature = "tokio-postgres"))]
-    /// The common case, tried first: the resource's row exists and its
-    /// fence is not higher. An `UPDATE` by primary key is the cheapest
-    /// statement that records the fence and takes the row lock; it waits
-    /// for a concurrent writer of the row and then looks again at the row
-    /// that writer left. When it finds no row to update (a new resource,
-    /// or a higher fence), [`Table::check_statement`] decides.
-    pub(crate) fn update_statement(&self) -> &str {
-        &self.update
-    }
+/// The function a stale check raises through: its own SQLSTATE, a message
+/// that says what happened, and the highest fence in its detail.
+#[cfg(any(feature = "sqlx", feature = "tokio-postgres"))]
+fn refuse_function_sql(schema: &str) -> String {
+    format!(
+        "CREATE OR REPLACE FUNCTION {schema}.volcano_fence_refuse(\
+             resource text, fence bigint, highest bigint) RETURNS bigint\n\
+         LANGUAGE plpgsql SET search_path = pg_catalog AS $volcano$\n\
+         BEGIN\n\
+           RAISE EXCEPTION USING ERRCODE = '{STALE_SQLSTATE}',\n\
+             MESSAGE = format('volcano_fence: stale fencing token for %L: %s is lower than %s, \
+                               already seen; this transaction cannot commit', \
+                              resource, fence, highest),\n\
+             DETAIL = format('highest fence seen: %s', highest),\n\
+             HINT = 'The lock has changed hands since this lease was granted: roll back.';\n\
+         END\n\
+         $volcano$"
+    )
 }
 
 #[cfg(test)]
@@ -176,18 +278,39 @@ mod tests {
 
     #[test]
     #[cfg(any(feature = "sqlx", feature = "tokio-postgres"))]
-    fn the_migration_quotes_the_schema() {
+    fn the_migration_quotes_the_schema_and_sends_only_what_is_missing() {
         let odd = Table::in_schema("a\"b; DROP TABLE x").unwrap();
+        let all = Missing {
+            schema: true,
+            table: true,
+            function: true,
+        };
         assert!(odd
-            .migrate_statements()
+            .migrate_statements(all)
             .contains(&"CREATE SCHEMA IF NOT EXISTS \"a\"\"b; DROP TABLE x\"".to_owned()));
+        let only_table = odd.migrate_statements(Missing {
+            schema: false,
+            table: true,
+            function: false,
+        });
+        assert_eq!(only_table.len(), 2);
+        assert!(only_table[1].starts_with("CREATE TABLE"));
+        assert!(odd.migrate_statements(Missing {
+            schema: false,
+            table: false,
+            function: true,
+        })[1]
+            .contains("\"a\"\"b; DROP TABLE x\".volcano_fence_refuse"));
     }
 
     #[test]
     fn schema_names_are_quoted_and_checked() {
-        assert_eq!(Table::new().name(), "volcano_fences");
+        assert_eq!(Table::new().name(), "public.volcano_fences");
         let odd = Table::in_schema("a\"b; DROP TABLE x").unwrap();
         assert_eq!(odd.name(), "\"a\"\"b; DROP TABLE x\".volcano_fences");
+        assert!(odd
+            .check_statement()
+            .contains("\"a\"\"b; DROP TABLE x\".volcano_fence_refuse("));
         assert!(Table::in_schema("").is_err());
         assert!(Table::in_schema(&"s".repeat(64)).is_err());
         assert!(Table::in_schema("a\0").is_err());

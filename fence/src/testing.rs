@@ -1,7 +1,7 @@
 //! A PostgreSQL server for tests (feature `testing`): the one
 //! `VOLCANO_TEST_PG_URL` names, or else a throwaway cluster started from
-//! the system's PostgreSQL binaries and stopped when the test process
-//! exits.
+//! the system's PostgreSQL binaries (or those in `VOLCANO_TEST_PG_BINDIR`)
+//! and stopped when the test process exits.
 //!
 //! ```no_run
 //! let Some(pg) = volcano_fence::testing::Postgres::or_skip("my_test") else {
@@ -94,9 +94,20 @@ fn unavailable(what: impl Into<String>) -> Unavailable {
     ))
 }
 
-/// Where `initdb` and `pg_ctl` are: `pg_config --bindir`, else the newest
-/// `/usr/lib/postgresql/*/bin`, else the `PATH`.
+/// Where `initdb` and `pg_ctl` are: `VOLCANO_TEST_PG_BINDIR` (to test
+/// against another PostgreSQL version), else `pg_config --bindir`, else
+/// the newest `/usr/lib/postgresql/*/bin`, else the `PATH`.
 fn bin_dir() -> Result<PathBuf, Unavailable> {
+    if let Some(dir) = std::env::var_os("VOLCANO_TEST_PG_BINDIR").filter(|d| !d.is_empty()) {
+        let dir = PathBuf::from(dir);
+        if dir.join("initdb").exists() && dir.join("pg_ctl").exists() {
+            return Ok(dir);
+        }
+        return Err(unavailable(format!(
+            "VOLCANO_TEST_PG_BINDIR={} has no initdb and pg_ctl",
+            dir.display()
+        )));
+    }
     if let Ok(out) = Command::new("pg_config").arg("--bindir").output() {
         let dir = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
         if out.status.success() && dir.join("initdb").exists() {

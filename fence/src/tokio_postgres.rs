@@ -16,35 +16,43 @@ use std::sync::LazyLock;
 use ::tokio_postgres::types::{ToSql, Type};
 use ::tokio_postgres::{Client, Statement, Transaction};
 
-use crate::error::check_resource;
-use crate::table::{raced, MIGRATE_TRIES};
+use crate::error::{check_resource, Said};
+use crate::table::{raced, Missing, MIGRATE_TRIES};
 use crate::{Error, Table};
 
 static DEFAULT: LazyLock<Table> = LazyLock::new(Table::new);
 
-/// Creates table `volcano_fences` if it is missing (idempotent, and safe
-/// to run from several processes at once).
+/// Creates what the default [`Table`] needs (`public.volcano_fences` and
+/// its function) if it is missing: idempotent, safe to run from several
+/// processes at once, and no DDL at all once everything exists.
 pub async fn migrate(client: &Client) -> Result<(), Error> {
     migrate_in(client, &DEFAULT).await
 }
 
-/// [`migrate`] for a chosen [`Table`] (a schema of your choice).
+/// [`migrate`] for a chosen [`Table`] (a schema of your choice). The
+/// schema is created only when it is missing.
 pub async fn migrate_in(client: &Client, table: &Table) -> Result<(), Error> {
-    let migrating = |e| Error::migrating(Box::new(e));
-    let exists: Option<bool> = client
-        .query_one(Table::EXISTS_SQL, &[&table.name()])
-        .await
-        .map_err(migrating)?
-        .get(0);
-    if exists == Some(true) {
-        // No DDL: a role without CREATE privileges can run it at every start.
-        return Ok(());
-    }
-    let statements = table.migrate_statements().join(";\n");
-    let batch = format!("BEGIN;\n{statements};\nCOMMIT");
     let mut tries = 0;
     loop {
-        let result = client.batch_execute(&batch).await;
+        let [schema, name, function] = table.state_params();
+        let row = client
+            .query_one(Table::STATE_SQL, &[&schema, &name, &function])
+            .await
+            .map_err(migrating)?;
+        let missing = Missing {
+            schema: row.get(0),
+            table: row.get(1),
+            function: row.get(2),
+        };
+        table.refuse_beside(row.get(3), "tokio_postgres")?;
+        if missing.nothing() {
+            // No DDL: a role without CREATE privileges can run it at every start.
+            return Ok(());
+        }
+        let statements = table.migrate_statements(missing).join(";\n");
+        let result = client
+            .batch_execute(&format!("BEGIN;\n{statements};\nCOMMIT"))
+            .await;
         if result.is_err() {
             // A failed batch leaves its transaction open and aborted.
             let _ = client.batch_execute("ROLLBACK").await;
@@ -58,12 +66,14 @@ pub async fn migrate_in(client: &Client, table: &Table) -> Result<(), Error> {
 
 /// Inside the caller's transaction: records `fence` for `resource` unless
 /// a higher fence was seen, and holds the resource's row lock until the
-/// transaction ends. A lower fence is [`Error::is_stale`]: nothing is
-/// recorded, and the transaction is aborted on the server (its `COMMIT`
-/// rolls back); roll it back. One round trip when the fence passes
-/// (parameters typed up front: no separate prepare). Not inside a
-/// savepoint that may be rolled back: that would undo the check and free
-/// the lock.
+/// transaction ends. One statement, one round trip, on every path
+/// (parameters typed up front: no separate prepare). A lower fence is
+/// [`Error::is_stale`]: nothing is recorded, and the statement itself
+/// aborts the transaction on the server (its `COMMIT` rolls back); roll it
+/// back. An invalid resource name is refused before anything is sent, and
+/// aborts the transaction too. Not inside a savepoint
+/// (`Transaction::savepoint`) that may be rolled back: that would undo the
+/// check and free the lock.
 pub async fn check(tx: &Transaction<'_>, resource: &str, fence: i64) -> Result<(), Error> {
     check_in(tx, &DEFAULT, resource, fence).await
 }
@@ -75,51 +85,37 @@ pub async fn check_in(
     resource: &str,
     fence: i64,
 ) -> Result<(), Error> {
-    check_resource(resource)?;
-    let failed = |e| database(e, table);
+    valid(tx, resource).await?;
     let params: [(&(dyn ToSql + Sync), Type); 2] = [(&resource, Type::TEXT), (&fence, Type::INT8)];
-    for statement in [table.update_statement(), table.check_statement()] {
-        if !tx
-            .query_typed(statement, &params)
-            .await
-            .map_err(failed)?
-            .is_empty()
-        {
-            return Ok(());
-        }
-    }
-    let highest = tx
-        .query_typed(table.highest_sql(), &[(&resource, Type::TEXT)])
+    tx.query_typed(table.check_statement(), &params)
         .await
-        .map_err(failed)?;
-    refused(tx, resource, fence, highest.first().map(|row| row.get(0))).await
+        .map(drop)
+        .map_err(|err| checking(err, table, resource, fence))
 }
 
-/// After a refused check: aborts the transaction on the server (so that
-/// its `COMMIT` rolls back) and says why.
-async fn refused(
-    tx: &Transaction<'_>,
-    resource: &str,
-    fence: i64,
-    highest: Option<i64>,
-) -> Result<(), Error> {
-    // Expected to fail: it aborts the transaction.
-    let _ = tx.batch_execute(Table::POISON_SQL).await;
-    match highest {
-        Some(highest) => Err(Error::stale(resource, fence, highest)),
-        None => Err(Error::vanished(resource)),
+/// Refuses an invalid resource name before anything is sent, and aborts
+/// the transaction on the server, so that a caller who ignores the error
+/// cannot commit.
+async fn valid(tx: &Transaction<'_>, resource: &str) -> Result<(), Error> {
+    if let Err(invalid) = check_resource(resource) {
+        // Expected to fail: that failure is what aborts the transaction.
+        let _ = tx.batch_execute(Table::POISON_SQL).await;
+        return Err(invalid);
     }
+    Ok(())
 }
 
-/// The check with its statements prepared once on a connection: the same
+/// The check with its statement prepared once on a connection: the same
 /// rule as [`check_in`], without the server parsing and planning the
 /// statement on every call (about half the check's cost). Use it with
 /// transactions of the client it was prepared on.
 ///
-/// It can also be pipelined with the write, which then costs almost
-/// nothing more than the write alone (docs/benchmarks.md section 8): a
-/// stale check aborts the transaction, the write with it, even when the
-/// caller ignores the error and commits.
+/// It can also be pipelined with the write, which then costs little more
+/// than the write alone (docs/benchmarks.md section 8): the server runs
+/// the check first, and when it is refused the transaction is aborted by
+/// that statement, before the write, even when the caller ignores the
+/// error and commits. A resource's first write is serialized like any
+/// other (its row is inserted, and so locked, by the check).
 ///
 /// ```no_run
 /// # async fn demo(mut client: tokio_postgres::Client, fences: volcano_fence::tokio_postgres::Fences, fence: i64) -> Result<(), Box<dyn std::error::Error>> {
@@ -147,67 +143,62 @@ async fn refused(
 #[derive(Debug)]
 pub struct Fences {
     table: Table,
-    update: Statement,
-    insert: Statement,
-    highest: Statement,
+    check: Statement,
 }
 
 impl Fences {
-    /// Prepares the check's statements on `client`; the table must have
+    /// Prepares the check's statement on `client`; the table must have
     /// been migrated (else [`Error::is_not_migrated`]).
     pub async fn prepare(client: &Client, table: &Table) -> Result<Fences, Error> {
-        let failed = |e| database(e, table);
-        let typed = [Type::TEXT, Type::INT8];
+        let check = client
+            .prepare_typed(table.check_statement(), &[Type::TEXT, Type::INT8])
+            .await
+            .map_err(|err| checking(err, table, "", 0))?;
         Ok(Fences {
-            update: client
-                .prepare_typed(table.update_statement(), &typed)
-                .await
-                .map_err(failed)?,
-            insert: client
-                .prepare_typed(table.check_statement(), &typed)
-                .await
-                .map_err(failed)?,
-            highest: client
-                .prepare_typed(table.highest_sql(), &[Type::TEXT])
-                .await
-                .map_err(failed)?,
             table: table.clone(),
+            check,
         })
     }
 
-    /// [`check_in`] with the prepared statements.
+    /// [`check_in`] with the prepared statement.
     pub async fn check(
         &self,
         tx: &Transaction<'_>,
         resource: &str,
         fence: i64,
     ) -> Result<(), Error> {
-        check_resource(resource)?;
-        let failed = |e| database(e, &self.table);
-        for statement in [&self.update, &self.insert] {
-            if !tx
-                .query(statement, &[&resource, &fence])
-                .await
-                .map_err(failed)?
-                .is_empty()
-            {
-                return Ok(());
-            }
-        }
-        let highest = tx
-            .query(&self.highest, &[&resource])
+        valid(tx, resource).await?;
+        tx.execute(&self.check, &[&resource, &fence])
             .await
-            .map_err(failed)?;
-        refused(tx, resource, fence, highest.first().map(|row| row.get(0))).await
+            .map(drop)
+            .map_err(|err| checking(err, &self.table, resource, fence))
     }
 }
 
-fn database(err: ::tokio_postgres::Error, table: &Table) -> Error {
-    let code = err.code().map(|c| c.code().to_owned());
-    Error::from_database(
-        code.as_deref(),
+fn checking(err: ::tokio_postgres::Error, table: &Table, resource: &str, fence: i64) -> Error {
+    let said = said(&err);
+    Error::from_check(
+        said,
+        (resource, fence),
         table.name(),
         "tokio_postgres",
         Box::new(err),
     )
+}
+
+fn migrating(err: ::tokio_postgres::Error) -> Error {
+    Error::migrating(said(&err), Box::new(err))
+}
+
+/// The server's message, code and detail (tokio-postgres's own text is
+/// "db error"), or the driver's own text.
+fn said(err: &::tokio_postgres::Error) -> Said {
+    match err.as_db_error() {
+        Some(db) => Said {
+            code: Some(db.code().code().to_owned()),
+            message: db.message().to_owned(),
+            detail: db.detail().map(str::to_owned),
+        },
+        None => Said::chain(err),
+    }
 }
