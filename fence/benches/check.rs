@@ -2,9 +2,10 @@
 //! without `check` before the UPDATE, side by side on one PostgreSQL
 //! server (the throwaway cluster of `volcano_fence::testing`, or
 //! `VOLCANO_TEST_PG_URL`), through tokio-postgres and through sqlx.
-//! Interleaved rounds; each round times `TX` transactions run one after
-//! another on one connection. Prints the median time per transaction and
-//! the ratio.
+//! The modes take turns transaction by transaction (in a rotating order),
+//! each transaction timed on its own, so that a machine whose speed drifts
+//! slows every mode alike; prints the median per transaction and the ratio
+//! to the plain transaction.
 //!
 //! `cargo bench -p volcano-fence --all-features --bench check`
 
@@ -14,24 +15,26 @@ use sqlx::{Connection, Executor};
 use tokio_postgres::NoTls;
 use volcano_fence::testing::Postgres;
 
-const ROUNDS: usize = 7;
-const TX: u32 = 2_000;
+/// Transactions timed per mode, after `WARM_UP` untimed turns.
+const SAMPLES: usize = 8_000;
+const WARM_UP: usize = 500;
 
-fn median(mut xs: Vec<Duration>) -> Duration {
+fn median_us(mut xs: Vec<Duration>) -> f64 {
     xs.sort();
-    xs[xs.len() / 2]
+    xs[xs.len() / 2].as_secs_f64() * 1e6
 }
 
-fn per_tx(d: Duration) -> f64 {
-    d.as_secs_f64() * 1e6 / f64::from(TX)
+/// Prints each mode's median against the first's (the plain transaction).
+fn report(driver: &str, names: &[&str], times: Vec<Vec<Duration>>) {
+    let medians: Vec<f64> = times.into_iter().map(median_us).collect();
+    for (name, t) in names.iter().zip(&medians) {
+        println!("  {driver}, {name}: {t:.1} µs: {:.3}×", t / medians[0]);
+    }
 }
 
-fn report(driver: &str, plain: Vec<Duration>, fenced: Vec<Duration>) {
-    let (p, f) = (per_tx(median(plain)), per_tx(median(fenced)));
-    println!(
-        "{driver}: UPDATE transaction {p:.1} µs, with check {f:.1} µs: {:.3}×",
-        f / p
-    );
+/// The order of turn `turn`: every mode once, starting one further on.
+fn turns(turn: usize, modes: usize) -> impl Iterator<Item = usize> {
+    (0..modes).map(move |k| (turn + k) % modes)
 }
 
 async fn tokio_postgres_rounds(url: &str) {
@@ -69,72 +72,67 @@ async fn tokio_postgres_rounds(url: &str) {
     let fences = volcano_fence::tokio_postgres::Fences::prepare(&db, &table)
         .await
         .unwrap();
-    let mut times: [Vec<Duration>; 6] = Default::default();
+    let mut times: Vec<Vec<Duration>> = vec![Vec::new(); 6];
     let mut fence = 0_i64;
-    for round in 0..=ROUNDS {
-        for (mode, spent) in times.iter_mut().enumerate() {
+    for turn in 0..WARM_UP + SAMPLES {
+        for mode in turns(turn, times.len()) {
             let start = Instant::now();
-            for _ in 0..TX {
-                let tx = db.transaction().await.unwrap();
-                fence += 1;
-                match mode {
-                    0 => {
-                        tx.execute(&update, &[]).await.unwrap();
-                    }
-                    1 => {
-                        volcano_fence::tokio_postgres::check_in(&tx, &table, "item-1", fence)
-                            .await
-                            .unwrap();
-                        tx.execute(&update, &[]).await.unwrap();
-                    }
-                    2 => {
-                        // Pipelined: both sent at once; the server runs the
-                        // check first. A stale check rolls the whole
-                        // transaction back, the UPDATE with it.
-                        let (checked, updated) = tokio::join!(
-                            volcano_fence::tokio_postgres::check_in(&tx, &table, "item-1", fence),
-                            tx.execute(&update, &[])
-                        );
-                        checked.unwrap();
-                        updated.unwrap();
-                    }
-                    3 => {
-                        fences.check(&tx, "item-1", fence).await.unwrap();
-                        tx.execute(&update, &[]).await.unwrap();
-                    }
-                    4 => {
-                        let (checked, updated) = tokio::join!(
-                            fences.check(&tx, "item-1", fence),
-                            tx.execute(&update, &[])
-                        );
-                        checked.unwrap();
-                        updated.unwrap();
-                    }
-                    _ => {
-                        let updated = tx.execute(&per_row, &[&fence]).await.unwrap();
-                        assert_eq!(updated, 1);
-                    }
+            let tx = db.transaction().await.unwrap();
+            fence += 1;
+            match mode {
+                0 => {
+                    tx.execute(&update, &[]).await.unwrap();
                 }
-                tx.commit().await.unwrap();
+                1 => {
+                    volcano_fence::tokio_postgres::check_in(&tx, &table, "item-1", fence)
+                        .await
+                        .unwrap();
+                    tx.execute(&update, &[]).await.unwrap();
+                }
+                2 => {
+                    // Pipelined: both sent at once; the server runs the
+                    // check first. A stale check aborts the whole
+                    // transaction, the UPDATE with it.
+                    let (checked, updated) = tokio::join!(
+                        volcano_fence::tokio_postgres::check_in(&tx, &table, "item-1", fence),
+                        tx.execute(&update, &[])
+                    );
+                    checked.unwrap();
+                    updated.unwrap();
+                }
+                3 => {
+                    fences.check(&tx, "item-1", fence).await.unwrap();
+                    tx.execute(&update, &[]).await.unwrap();
+                }
+                4 => {
+                    let (checked, updated) =
+                        tokio::join!(fences.check(&tx, "item-1", fence), tx.execute(&update, &[]));
+                    checked.unwrap();
+                    updated.unwrap();
+                }
+                _ => {
+                    let updated = tx.execute(&per_row, &[&fence]).await.unwrap();
+                    assert_eq!(updated, 1);
+                }
             }
-            // Round 0 warms up.
-            if round > 0 {
-                spent.push(start.elapsed());
+            tx.commit().await.unwrap();
+            if turn >= WARM_UP {
+                times[mode].push(start.elapsed());
             }
         }
     }
-    let [plain, fenced, pipelined, prepared, prepared_pipelined, per_row] = times;
-    let base = per_tx(median(plain.clone()));
-    for (name, spent) in [
-        ("check, pipelined with the UPDATE", pipelined),
-        ("Fences (prepared) check", prepared),
-        ("Fences check, pipelined", prepared_pipelined),
-        ("per-row recipe (no check)", per_row),
-    ] {
-        let t = per_tx(median(spent));
-        println!("  tokio-postgres, {name}: {t:.1} µs: {:.3}×", t / base);
-    }
-    report("tokio-postgres", plain, fenced);
+    report(
+        "tokio-postgres",
+        &[
+            "plain UPDATE transaction",
+            "check_in, then the UPDATE",
+            "check_in pipelined with the UPDATE",
+            "Fences::check (prepared), then the UPDATE",
+            "Fences::check pipelined with the UPDATE",
+            "per-row recipe (no check)",
+        ],
+        times,
+    );
 }
 
 async fn sqlx_rounds(url: &str) {
@@ -150,40 +148,50 @@ async fn sqlx_rounds(url: &str) {
     volcano_fence::sqlx::migrate_on(&mut conn, &table)
         .await
         .unwrap();
-    let (mut plain, mut fenced) = (Vec::new(), Vec::new());
-    for round in 0..=ROUNDS {
-        for with_check in [false, true] {
+    let mut times: Vec<Vec<Duration>> = vec![Vec::new(); 3];
+    let mut fence = 0_i64;
+    let update = "UPDATE bench_sqlx.item SET n = n + 1 WHERE id = 1";
+    for turn in 0..WARM_UP + SAMPLES {
+        for mode in turns(turn, times.len()) {
+            fence += 1;
             let start = Instant::now();
-            for i in 0..TX {
-                let mut tx = conn.begin().await.unwrap();
-                if with_check {
-                    let fence = i64::from(i);
+            let mut tx = match mode {
+                0 => conn.begin().await.unwrap(),
+                1 => {
+                    let mut tx = conn.begin().await.unwrap();
                     volcano_fence::sqlx::check_in(&mut tx, &table, "item-1", fence)
                         .await
                         .unwrap();
+                    tx
                 }
-                sqlx::query("UPDATE bench_sqlx.item SET n = n + 1 WHERE id = 1")
-                    .execute(&mut *tx)
+                // The check sent with the BEGIN, in one round trip.
+                _ => volcano_fence::sqlx::begin_in(&mut conn, &table, "item-1", fence)
                     .await
-                    .unwrap();
-                tx.commit().await.unwrap();
-            }
-            if round > 0 {
-                if with_check { &mut fenced } else { &mut plain }.push(start.elapsed());
+                    .unwrap(),
+            };
+            sqlx::query(update).execute(&mut *tx).await.unwrap();
+            tx.commit().await.unwrap();
+            if turn >= WARM_UP {
+                times[mode].push(start.elapsed());
             }
         }
-        conn.execute("TRUNCATE bench_sqlx.volcano_fences")
-            .await
-            .unwrap();
     }
-    report("sqlx", plain, fenced);
+    report(
+        "sqlx",
+        &[
+            "plain UPDATE transaction",
+            "check_in, then the UPDATE",
+            "begin_in (the check sent with the BEGIN), then the UPDATE",
+        ],
+        times,
+    );
 }
 
 #[tokio::main(flavor = "current_thread")]
 async fn main() {
     let pg = Postgres::shared().expect("a PostgreSQL server for the benchmark");
     println!(
-        "fence check cost: {ROUNDS} interleaved rounds of {TX} sequential transactions each, median per transaction"
+        "fence check cost: {SAMPLES} transactions per mode, the modes taking turns; median per transaction"
     );
     tokio_postgres_rounds(pg.url()).await;
     sqlx_rounds(pg.url()).await;
