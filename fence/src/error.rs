@@ -92,6 +92,12 @@ enum Kind {
     /// fence and free the row lock while the transaction goes on.
     #[cfg_attr(not(feature = "sqlx"), allow(dead_code))]
     InSavepoint,
+    /// `sqlx::begin` on a connection already in a transaction.
+    #[cfg_attr(not(feature = "sqlx"), allow(dead_code))]
+    AlreadyInTransaction,
+    /// `migrate` found the stale function owned by a role other than the
+    /// table's owner.
+    ForeignFunction(String),
     NotMigrated {
         table: String,
         backend: &'static str,
@@ -145,6 +151,16 @@ impl Error {
     #[cfg(feature = "sqlx")]
     pub(crate) fn in_savepoint() -> Self {
         Error::new(Kind::InSavepoint)
+    }
+
+    #[cfg(feature = "sqlx")]
+    pub(crate) fn already_in_transaction() -> Self {
+        Error::new(Kind::AlreadyInTransaction)
+    }
+
+    #[cfg(any(feature = "sqlx", feature = "tokio-postgres"))]
+    pub(crate) fn foreign_function(function: String) -> Self {
+        Error::new(Kind::ForeignFunction(function))
     }
 
     #[cfg(any(feature = "sqlx", feature = "tokio-postgres"))]
@@ -261,10 +277,7 @@ impl fmt::Display for Error {
                 }
                 f.write_str(" (the lock has changed hands since this lease was granted)")
             }
-            Kind::InvalidResource(why) => write!(
-                f,
-                "invalid fence resource name: {why} (the transaction was aborted)"
-            ),
+            Kind::InvalidResource(why) => write!(f, "invalid fence resource name: {why}"),
             Kind::InvalidSchema(why) => write!(f, "invalid fence schema name: {why}"),
             Kind::NotInTransaction => f.write_str(
                 "the fence check needs a transaction (pool.begin()): outside one, nothing holds \
@@ -274,6 +287,16 @@ impl fmt::Display for Error {
                 "the fence check cannot run inside a savepoint (a nested transaction): rolling \
                  it back would undo the check and free the resource's row lock while the \
                  transaction goes on; check in the outermost transaction",
+            ),
+            Kind::AlreadyInTransaction => f.write_str(
+                "volcano_fence's begin starts the transaction: call it on a connection outside \
+                 one, or call check inside yours",
+            ),
+            Kind::ForeignFunction(function) => write!(
+                f,
+                "migrate refused: the function {function} exists but its owner is not the fence \
+                 table's; a role that could create it could make stale checks pass. Drop it \
+                 (DROP FUNCTION {function}) and run migrate again as the table's owner"
             ),
             Kind::NotMigrated {
                 table,
@@ -329,6 +352,8 @@ impl fmt::Debug for Error {
             Kind::InvalidSchema(_) => "InvalidSchema",
             Kind::NotInTransaction => "NotInTransaction",
             Kind::InSavepoint => "InSavepoint",
+            Kind::AlreadyInTransaction => "AlreadyInTransaction",
+            Kind::ForeignFunction(_) => "ForeignFunction",
             Kind::NotMigrated { .. } => "NotMigrated",
             Kind::EarlierTable { .. } => "EarlierTable",
             Kind::Retryable(..) => "Retryable",

@@ -90,7 +90,9 @@ impl Gate {
 
     /// The async form of [`Gate::write`]: waits for the resource, checks
     /// `fence` and, when it passes, holds the resource until the returned
-    /// [`Entered`] is dropped. Write while holding it.
+    /// [`Entered`] is dropped. Write while holding it; do not use the gate
+    /// for the same resource until it is dropped (that would wait for
+    /// ever).
     ///
     /// ```
     /// # async fn demo(gate: volcano_fence::Gate, fence: i64) -> Result<(), volcano_fence::Error> {
@@ -110,7 +112,9 @@ impl Gate {
     /// one is a stale [`Error`] and records nothing. It guards no write
     /// made after it returns: another holder's check may pass in between,
     /// and the two writes land out of fence order. Use [`Gate::write`] or
-    /// [`Gate::enter`] for that.
+    /// [`Gate::enter`] for that. Like [`Gate::write`], it waits (blocking
+    /// the thread) while an [`Entered`] of the resource is held: never
+    /// call it for a resource this task holds.
     pub fn check(&self, resource: &str, fence: i64) -> Result<(), Error> {
         self.write(resource, fence, || ())
     }

@@ -67,8 +67,10 @@
 //!   granted `CREATE ON SCHEMA public`), and CREATE on the database only
 //!   if the schema is missing (it is created only then). It creates the
 //!   table and a plpgsql function, `volcano_fence_refuse`.
-//! - `migrate` once everything exists: none. It only looks, so every
-//!   writer can run it at every start.
+//! - `migrate` once everything exists: USAGE on the schema. It only
+//!   looks, so every writer can run it at every start (and should: it is
+//!   where an earlier version's table, or a function another role made,
+//!   is refused).
 //! - `check`: USAGE on the schema (every role has it on `public`),
 //!   `SELECT, INSERT, UPDATE` on the table and EXECUTE on the function
 //!   (granted to every role unless you revoked it).
@@ -110,6 +112,11 @@
 //!   lacks it, and refuses to start a new default table when the role's
 //!   `search_path` finds an earlier one elsewhere (use
 //!   [`Table::in_schema`] to keep it).
+//! - **The function is trusted only from the table's owner.** A
+//!   `volcano_fence_refuse` owned by another role (on PostgreSQL 14 and
+//!   earlier every role may create in `public`) could let stale checks
+//!   pass; `migrate` refuses it. There, also revoke CREATE on `public`
+//!   from PUBLIC, as PostgreSQL 15 does.
 //!
 //! # The per-row alternative
 //!

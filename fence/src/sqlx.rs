@@ -16,7 +16,7 @@ use ::sqlx::postgres::PgDatabaseError;
 use ::sqlx::{PgConnection, PgPool, Postgres, Transaction, TransactionManager};
 
 use crate::error::{check_resource, Said};
-use crate::table::{raced, Missing, MIGRATE_TRIES};
+use crate::table::{raced, Missing, State, MIGRATE_TRIES};
 use crate::{Error, Table};
 
 static DEFAULT: LazyLock<Table> = LazyLock::new(Table::new);
@@ -39,31 +39,56 @@ pub async fn migrate_in(pool: &PgPool, table: &Table) -> Result<(), Error> {
 /// transaction (the migration is its own). When everything exists it runs
 /// no DDL (a role without CREATE privileges can run it at every start).
 pub async fn migrate_on(conn: &mut PgConnection, table: &Table) -> Result<(), Error> {
+    let mut state = state_of(conn, table).await.map_err(migrating)?;
     let mut tries = 0;
     loop {
-        let [schema, name, function] = table.state_params();
-        let (schema, missing_table, function, earlier): (bool, bool, bool, Option<String>) =
-            ::sqlx::query_as(Table::STATE_SQL)
-                .bind(schema)
-                .bind(name)
-                .bind(function)
-                .fetch_one(&mut *conn)
-                .await
-                .map_err(migrating)?;
-        table.refuse_beside(earlier, "sqlx")?;
-        let missing = Missing {
+        table.refuse(&state, "sqlx")?;
+        if state.missing.nothing() {
+            return Ok(());
+        }
+        let Err(err) = migrate_once(conn, table, state.missing).await else {
+            // What is there now (a function another role made while this
+            // made the table, say) must pass `refuse` too.
+            let made = state_of(conn, table).await.map_err(migrating)?;
+            return table.refuse(&made, "sqlx");
+        };
+        if tries == MIGRATE_TRIES || !raced(sqlstate(&err).as_deref()) {
+            return Err(migrating(err));
+        }
+        // Another migration may have made what this one could not: look
+        // again, and go on only if less is missing now.
+        tries += 1;
+        let fresh = state_of(conn, table).await.map_err(migrating)?;
+        if fresh.missing == state.missing {
+            return Err(migrating(err));
+        }
+        state = fresh;
+    }
+}
+
+async fn state_of(conn: &mut PgConnection, table: &Table) -> Result<State, ::sqlx::Error> {
+    let [schema, name, function] = table.state_params();
+    let (schema, missing_table, function, earlier, foreign_function): (
+        bool,
+        bool,
+        bool,
+        Option<String>,
+        bool,
+    ) = ::sqlx::query_as(Table::STATE_SQL)
+        .bind(schema)
+        .bind(name)
+        .bind(function)
+        .fetch_one(&mut *conn)
+        .await?;
+    Ok(State {
+        missing: Missing {
             schema,
             table: missing_table,
             function,
-        };
-        if missing.nothing() {
-            return Ok(());
-        }
-        match migrate_once(conn, table, missing).await {
-            Err(err) if tries < MIGRATE_TRIES && raced(sqlstate(&err).as_deref()) => tries += 1,
-            done => return done.map_err(migrating),
-        }
-    }
+        },
+        earlier,
+        foreign_function,
+    })
 }
 
 async fn migrate_once(
@@ -160,7 +185,7 @@ pub async fn begin_in<'c>(
 ) -> Result<Transaction<'c, Postgres>, Error> {
     check_resource(resource)?;
     if ::sqlx::Connection::is_in_transaction(&*conn) {
-        return Err(Error::in_savepoint());
+        return Err(Error::already_in_transaction());
     }
     // The check runs in the message's implicit transaction, and the BEGIN
     // after it makes that the caller's: on failure nothing stays open.

@@ -43,8 +43,14 @@ pub(crate) const MIGRATE_TRIES: u32 = 3;
 /// by the advisory lock), and a second try sees it.
 pub(crate) fn raced(sqlstate: Option<&str>) -> bool {
     // unique_violation (on the catalog), duplicate_schema, duplicate_table,
-    // duplicate_function
-    matches!(sqlstate, Some("23505" | "42P06" | "42P07" | "42723"))
+    // duplicate_function; and insufficient_privilege, which PostgreSQL
+    // checks before `IF NOT EXISTS` looks: a role that may not create what
+    // another has just created fails this way. Each is tried again only
+    // when a fresh look finds less missing than before.
+    matches!(
+        sqlstate,
+        Some("23505" | "42P06" | "42P07" | "42723" | "42501")
+    )
 }
 
 /// The longest PostgreSQL identifier, in bytes.
@@ -68,6 +74,15 @@ pub(crate) struct Missing {
     pub schema: bool,
     pub table: bool,
     pub function: bool,
+}
+
+/// What `migrate` found: [`Table::STATE_SQL`]'s row.
+#[cfg(any(feature = "sqlx", feature = "tokio-postgres"))]
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct State {
+    pub missing: Missing,
+    pub earlier: Option<String>,
+    pub foreign_function: bool,
 }
 
 #[cfg(any(feature = "sqlx", feature = "tokio-postgres"))]
@@ -105,6 +120,9 @@ impl Table {
             return Err(Error::invalid_schema(
                 "names starting with pg_ are reserved for PostgreSQL's own schemas",
             ));
+        }
+        if schema == "public" {
+            return Ok(Table::default());
         }
         Ok(Table::named(format!("\"{}\"", schema.replace('"', "\"\""))))
     }
@@ -159,37 +177,49 @@ impl Table {
         format!("{}.volcano_fence_refuse(text,bigint,bigint)", self.schema)
     }
 
-    /// What is missing: the schema, the table and the function (`$1`, `$2`,
-    /// `$3`: [`Table::state_params`]), and a `volcano_fences` that the
-    /// role's `search_path` finds outside `public`, temporary tables aside:
-    /// where earlier versions put the default table. No privilege is
-    /// needed to ask.
+    /// What `migrate` finds (`$1`, `$2`, `$3`: [`Table::state_params`]):
+    /// whether the schema, the table and the function are missing; the
+    /// schema of an earlier version's default table, if the role's
+    /// `search_path` finds one (the first `volcano_fences` on the path,
+    /// temporary tables aside, when it is not in `public` and has no
+    /// function beside it: this version always creates one); and whether
+    /// the function has an owner other than the table's (then another role
+    /// made it, and it could let stale checks pass). Needs USAGE on the
+    /// schema, nothing more.
     #[cfg(any(feature = "sqlx", feature = "tokio-postgres"))]
     pub(crate) const STATE_SQL: &'static str = "SELECT pg_catalog.to_regnamespace($1) IS NULL, \
         pg_catalog.to_regclass($2) IS NULL, pg_catalog.to_regprocedure($3) IS NULL, \
-        (SELECT n.nspname::text FROM pg_catalog.pg_class c \
-           JOIN pg_catalog.pg_namespace n ON n.oid = c.relnamespace \
-          WHERE c.oid = pg_catalog.to_regclass('volcano_fences') \
-            AND n.nspname <> 'public' AND c.relpersistence <> 't')";
+        (SELECT first.name FROM \
+           (SELECT s.name::text AS name \
+              FROM pg_catalog.unnest(pg_catalog.current_schemas(false)) WITH ORDINALITY AS s(name, i) \
+              JOIN pg_catalog.pg_namespace n ON n.nspname = s.name \
+              JOIN pg_catalog.pg_class c ON c.relnamespace = n.oid \
+               AND c.relname = 'volcano_fences' AND c.relkind IN ('r', 'p') \
+             ORDER BY s.i LIMIT 1) AS first \
+          WHERE first.name <> 'public' AND pg_catalog.to_regprocedure(\
+            pg_catalog.quote_ident(first.name) || '.volcano_fence_refuse(text,bigint,bigint)') IS NULL), \
+        COALESCE((SELECT p.proowner <> c.relowner \
+           FROM pg_catalog.pg_proc p, pg_catalog.pg_class c \
+          WHERE p.oid = pg_catalog.to_regprocedure($3) AND c.oid = pg_catalog.to_regclass($2)), false)";
 
     #[cfg(any(feature = "sqlx", feature = "tokio-postgres"))]
     pub(crate) fn state_params(&self) -> [String; 3] {
         [self.schema.clone(), self.name.clone(), self.function()]
     }
 
-    /// When this is the default table and the role's `search_path` finds
-    /// an earlier version's default elsewhere: the error `migrate` gives
-    /// rather than let writers check a table beside it.
+    /// What `migrate` refuses to go on with: for the default table, an
+    /// earlier version's default that the role's `search_path` finds
+    /// elsewhere (writers would check a table beside it); for any table, a
+    /// function made by a role other than the table's owner.
     #[cfg(any(feature = "sqlx", feature = "tokio-postgres"))]
-    pub(crate) fn refuse_beside(
-        &self,
-        earlier: Option<String>,
-        backend: &'static str,
-    ) -> Result<(), Error> {
-        match earlier {
-            Some(schema) if self.is_default() => Err(Error::earlier_table(schema, backend)),
-            _ => Ok(()),
+    pub(crate) fn refuse(&self, state: &State, backend: &'static str) -> Result<(), Error> {
+        if let Some(schema) = state.earlier.as_ref().filter(|_| self.is_default()) {
+            return Err(Error::earlier_table(schema.clone(), backend));
         }
+        if state.foreign_function {
+            return Err(Error::foreign_function(self.function()));
+        }
+        Ok(())
     }
 
     #[cfg(any(feature = "sqlx", feature = "tokio-postgres"))]
@@ -246,7 +276,7 @@ fn check_sql(name: &str, schema: &str, resource: &str, fence: &str) -> String {
         "INSERT INTO {name} AS f (resource, fence, updated_at) \
          VALUES ({resource}, {fence}, pg_catalog.now()) \
          ON CONFLICT (resource) DO UPDATE SET \
-         fence = CASE WHEN f.fence <= EXCLUDED.fence THEN EXCLUDED.fence \
+         fence = CASE WHEN f.fence OPERATOR(pg_catalog.<=) EXCLUDED.fence THEN EXCLUDED.fence \
          ELSE {schema}.volcano_fence_refuse(f.resource, EXCLUDED.fence, f.fence) END, \
          updated_at = pg_catalog.now()"
     )
@@ -257,7 +287,7 @@ fn check_sql(name: &str, schema: &str, resource: &str, fence: &str) -> String {
 #[cfg(any(feature = "sqlx", feature = "tokio-postgres"))]
 fn refuse_function_sql(schema: &str) -> String {
     format!(
-        "CREATE OR REPLACE FUNCTION {schema}.volcano_fence_refuse(\
+        "CREATE FUNCTION {schema}.volcano_fence_refuse(\
              resource text, fence bigint, highest bigint) RETURNS bigint\n\
          LANGUAGE plpgsql SET search_path = pg_catalog AS $volcano$\n\
          BEGIN\n\
@@ -306,6 +336,7 @@ mod tests {
     #[test]
     fn schema_names_are_quoted_and_checked() {
         assert_eq!(Table::new().name(), "public.volcano_fences");
+        assert_eq!(Table::in_schema("public").unwrap(), Table::new());
         let odd = Table::in_schema("a\"b; DROP TABLE x").unwrap();
         assert_eq!(odd.name(), "\"a\"\"b; DROP TABLE x\".volcano_fences");
         assert!(odd

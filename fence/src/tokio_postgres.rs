@@ -17,7 +17,7 @@ use ::tokio_postgres::types::{ToSql, Type};
 use ::tokio_postgres::{Client, Statement, Transaction};
 
 use crate::error::{check_resource, Said};
-use crate::table::{raced, Missing, MIGRATE_TRIES};
+use crate::table::{raced, Missing, State, MIGRATE_TRIES};
 use crate::{Error, Table};
 
 static DEFAULT: LazyLock<Table> = LazyLock::new(Table::new);
@@ -32,36 +32,54 @@ pub async fn migrate(client: &Client) -> Result<(), Error> {
 /// [`migrate`] for a chosen [`Table`] (a schema of your choice). The
 /// schema is created only when it is missing.
 pub async fn migrate_in(client: &Client, table: &Table) -> Result<(), Error> {
+    let mut state = state_of(client, table).await.map_err(migrating)?;
     let mut tries = 0;
     loop {
-        let [schema, name, function] = table.state_params();
-        let row = client
-            .query_one(Table::STATE_SQL, &[&schema, &name, &function])
-            .await
-            .map_err(migrating)?;
-        let missing = Missing {
-            schema: row.get(0),
-            table: row.get(1),
-            function: row.get(2),
-        };
-        table.refuse_beside(row.get(3), "tokio_postgres")?;
-        if missing.nothing() {
+        table.refuse(&state, "tokio_postgres")?;
+        if state.missing.nothing() {
             // No DDL: a role without CREATE privileges can run it at every start.
             return Ok(());
         }
-        let statements = table.migrate_statements(missing).join(";\n");
-        let result = client
+        let statements = table.migrate_statements(state.missing).join(";\n");
+        let Err(err) = client
             .batch_execute(&format!("BEGIN;\n{statements};\nCOMMIT"))
-            .await;
-        if result.is_err() {
-            // A failed batch leaves its transaction open and aborted.
-            let _ = client.batch_execute("ROLLBACK").await;
+            .await
+        else {
+            // What is there now (a function another role made while this
+            // made the table, say) must pass `refuse` too.
+            let made = state_of(client, table).await.map_err(migrating)?;
+            return table.refuse(&made, "tokio_postgres");
+        };
+        // A failed batch leaves its transaction open and aborted.
+        let _ = client.batch_execute("ROLLBACK").await;
+        if tries == MIGRATE_TRIES || !raced(err.code().map(|c| c.code())) {
+            return Err(migrating(err));
         }
-        match result {
-            Err(err) if tries < MIGRATE_TRIES && raced(err.code().map(|c| c.code())) => tries += 1,
-            done => return done.map_err(migrating),
+        // Another migration may have made what this one could not: look
+        // again, and go on only if less is missing now.
+        tries += 1;
+        let fresh = state_of(client, table).await.map_err(migrating)?;
+        if fresh.missing == state.missing {
+            return Err(migrating(err));
         }
+        state = fresh;
     }
+}
+
+async fn state_of(client: &Client, table: &Table) -> Result<State, ::tokio_postgres::Error> {
+    let [schema, name, function] = table.state_params();
+    let row = client
+        .query_one(Table::STATE_SQL, &[&schema, &name, &function])
+        .await?;
+    Ok(State {
+        missing: Missing {
+            schema: row.get(0),
+            table: row.get(1),
+            function: row.get(2),
+        },
+        earlier: row.get(3),
+        foreign_function: row.get(4),
+    })
 }
 
 /// Inside the caller's transaction: records `fence` for `resource` unless

@@ -85,8 +85,9 @@ async fn equal_passes_lower_is_stale_and_leaves_nothing() {
     assert!(stale.is_stale() && !stale.is_retryable(), "{stale}");
     assert_eq!(stale.highest_seen(), Some(5));
     assert_eq!(recorded(&pool, &table, "report").await, Some(5));
-    // A refused first check of a resource leaves no row either.
+    // A first check records its fence.
     checked(&pool, &table, "fresh", 9).await.unwrap();
+    assert_eq!(recorded(&pool, &table, "fresh").await, Some(9));
     // The extremes of i64, compared exactly.
     checked(&pool, &table, "max", i64::MAX).await.unwrap();
     let err = checked(&pool, &table, "max", i64::MAX - 1)
@@ -132,21 +133,24 @@ async fn migrate_twice_and_at_once_and_check_before_it() {
     }
     fence::migrate_in(&pool, &table).await.unwrap();
     checked(&pool, &table, "r", 1).await.unwrap();
-    // The default table no longer follows the search_path: a role whose
-    // path finds this one (where an earlier version put the default) is
-    // told to keep it by name rather than start afresh beside it.
+    // The default table no longer follows the search_path: with this
+    // schema first on it, the default is still public.volcano_fences.
     let mut conn = pool.acquire().await.unwrap();
     conn.execute("SET search_path TO fence_migrate")
         .await
         .unwrap();
-    let err = fence::migrate_on(&mut conn, &Table::new())
-        .await
-        .unwrap_err();
-    assert!(
-        err.to_string()
-            .contains("Table::in_schema(\"fence_migrate\")"),
-        "{err}"
-    );
+    fence::migrate_on(&mut conn, &Table::new()).await.unwrap();
+    let mut tx = sqlx::Acquire::begin(&mut *conn).await.unwrap();
+    fence::check(&mut tx, "fence_migrate-r", 0).await.unwrap();
+    tx.commit().await.unwrap();
+    let in_public: Option<i64> = sqlx::query_scalar(
+        "SELECT fence FROM public.volcano_fences WHERE resource = 'fence_migrate-r'",
+    )
+    .fetch_optional(&pool)
+    .await
+    .unwrap();
+    assert_eq!(in_public, Some(0));
+    assert_eq!(recorded(&pool, &table, "fence_migrate-r").await, None);
 }
 
 #[tokio::test]

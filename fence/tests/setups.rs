@@ -183,8 +183,56 @@ async fn migrate_will_not_start_afresh_beside_an_earlier_default_table() {
         .unwrap_err();
     assert_eq!(stale.highest_seen(), Some(9), "{stale}");
     drop(tx);
+    // Once kept by name (migrated, with its function beside it), it is no
+    // longer taken for an earlier default, and the default can be made.
+    fence::migrate_on(&mut conn, &Table::new()).await.unwrap();
     drop(conn);
     db.close().await;
+}
+
+/// A function of the right name made by another role (on PostgreSQL 14
+/// and earlier any role may create in `public`) could let stale checks
+/// pass: `migrate` refuses it, whoever made the table.
+#[tokio::test]
+async fn migrate_refuses_a_function_another_role_made() {
+    let Some(pg) = Postgres::or_skip("migrate_refuses_a_function_another_role_made") else {
+        return;
+    };
+    let admin = pool(pg, None, None).await;
+    admin
+        .execute("DROP SCHEMA IF EXISTS fence_foreign CASCADE")
+        .await
+        .unwrap();
+    fresh_role(&admin, "fence_foreign_maker").await;
+    admin
+        .execute(
+            "CREATE SCHEMA fence_foreign; \
+             GRANT USAGE, CREATE ON SCHEMA fence_foreign TO fence_foreign_maker",
+        )
+        .await
+        .unwrap();
+    let maker = pool(pg, Some("fence_foreign_maker"), None).await;
+    maker
+        .execute(
+            "CREATE FUNCTION fence_foreign.volcano_fence_refuse(text, bigint, bigint) \
+             RETURNS bigint LANGUAGE sql AS 'SELECT $3'",
+        )
+        .await
+        .unwrap();
+    let table = Table::in_schema("fence_foreign").unwrap();
+    let err = fence::migrate_in(&admin, &table).await.unwrap_err();
+    assert!(err.to_string().contains("DROP FUNCTION"), "{err}");
+    admin
+        .execute("DROP FUNCTION fence_foreign.volcano_fence_refuse(text, bigint, bigint)")
+        .await
+        .unwrap();
+    fence::migrate_in(&admin, &table).await.unwrap();
+    checked(&admin, &table, "r", 2).await.unwrap();
+    assert!(checked(&admin, &table, "r", 1)
+        .await
+        .unwrap_err()
+        .is_stale());
+    maker.close().await;
 }
 
 /// A least-privilege writer: CREATE on an existing schema, no privilege on
@@ -355,7 +403,7 @@ async fn a_pipelined_check_serializes_a_resources_first_write() {
     // An invalid resource name aborts the transaction too.
     let tx = admin.transaction().await.unwrap();
     let invalid = volcano_fence::tokio_postgres::check_in(&tx, &table, "", 3).await;
-    assert!(invalid.unwrap_err().to_string().contains("aborted"));
+    assert!(invalid.unwrap_err().to_string().contains("invalid fence resource"));
     let _ = tx.execute(increment, &[]).await;
     let _ = tx.commit().await;
     let rows: i64 = admin
