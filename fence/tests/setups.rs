@@ -403,7 +403,10 @@ async fn a_pipelined_check_serializes_a_resources_first_write() {
     // An invalid resource name aborts the transaction too.
     let tx = admin.transaction().await.unwrap();
     let invalid = volcano_fence::tokio_postgres::check_in(&tx, &table, "", 3).await;
-    assert!(invalid.unwrap_err().to_string().contains("invalid fence resource"));
+    assert!(invalid
+        .unwrap_err()
+        .to_string()
+        .contains("invalid fence resource"));
     let _ = tx.execute(increment, &[]).await;
     let _ = tx.commit().await;
     let rows: i64 = admin
