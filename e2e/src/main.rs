@@ -119,6 +119,7 @@ struct Processes {
     exits: BTreeMap<String, Option<i32>>,
     live: BTreeMap<String, u32>,
     killed: BTreeMap<String, i64>,
+    keys_of: BTreeMap<String, Vec<String>>,
     stopping: bool,
     started: usize,
 }
@@ -141,7 +142,7 @@ struct Setting {
     seed: u64,
 }
 
-fn worker_command(s: &Setting, slot: usize, mode: &str, keys: &str, name: &str) -> Command {
+fn worker_command(s: &Setting, slot: usize, n: u64, mode: &str, keys: &str, name: &str) -> Command {
     let mut cmd = if mode == "cli" {
         let mut cmd = Command::new(s.bin.join("volcano"));
         cmd.args(["locks", "run", keys, "--ttl"])
@@ -168,10 +169,7 @@ fn worker_command(s: &Setting, slot: usize, mode: &str, keys: &str, name: &str) 
         .env("E2E_TTL", s.ttl.to_string())
         .env("E2E_DB", &s.db_urls[slot % s.db_urls.len()])
         .env("E2E_FENCE", if s.fenced { "1" } else { "0" })
-        .env(
-            "E2E_SEED",
-            (s.seed ^ ((slot as u64) << 32) ^ (now_ms() as u64)).to_string(),
-        )
+        .env("E2E_SEED", (s.seed ^ ((slot as u64) << 48) ^ n).to_string())
         .env("VOLCANO_API_URL", &s.api)
         .env("VOLCANO_SERVICE_KEY", SERVICE_KEY)
         .env("RUST_LOG", "off")
@@ -194,19 +192,24 @@ async fn slot(s: Arc<Setting>, shared: Shared, slot: usize) {
     let (mode, keys) = SLOTS[slot];
     let mut n = 0;
     loop {
-        if lock(&shared).stopping {
-            return;
-        }
         n += 1;
         let name = format!("{mode}{slot}-{n}");
-        let Ok(mut child) = worker_command(&s, slot, mode, keys, &name).spawn() else {
-            return;
-        };
-        {
+        // Spawned and registered under the lock, so that the end's SIGTERM
+        // reaches every process started.
+        let mut child = {
             let mut p = lock(&shared);
+            if p.stopping {
+                return;
+            }
+            let Ok(child) = worker_command(&s, slot, n, mode, keys, &name).spawn() else {
+                return;
+            };
             p.live.insert(name.clone(), child.id().unwrap_or(0));
+            p.keys_of
+                .insert(name.clone(), keys.split(',').map(str::to_owned).collect());
             p.started += 1;
-        }
+            child
+        };
         read_lines(&mut child, &shared, &name).await;
         let status = child.wait().await.ok().and_then(|s| s.code());
         {
@@ -230,6 +233,26 @@ async fn read_lines(child: &mut Child, shared: &Shared, name: &str) {
                 .entry(name.to_owned())
                 .or_default()
                 .push(value);
+        }
+    }
+}
+
+/// `pid` and, for a `volcano locks run`, its command's process group: a
+/// pause or a kill of the host reaches both.
+fn family(pid: u32) -> Vec<u32> {
+    let children =
+        std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).unwrap_or_default();
+    std::iter::once(pid)
+        .chain(children.split_whitespace().filter_map(|c| c.parse().ok()))
+        .collect()
+}
+
+fn signal_family(pid: u32, sig: Signal) {
+    for (i, member) in family(pid).into_iter().enumerate() {
+        if i == 0 {
+            signal(member, sig);
+        } else if let Some(group) = i32::try_from(member).ok().and_then(Pid::from_raw) {
+            let _ = rustix::process::kill_process_group(group, sig);
         }
     }
 }
@@ -282,6 +305,7 @@ struct Faults {
     by_kind: BTreeMap<&'static str, usize>,
     long_pauses: usize,
     on: Vec<(i64, i64)>,
+    pauses: Vec<(i64, i64)>,
 }
 
 /// The seeded schedule: a fault every 0.5 to 1.5 s until `secs` have
@@ -296,10 +320,13 @@ async fn schedule(
     shared: &Shared,
 ) -> Faults {
     let mut rng = StdRng::seed_from_u64(seed);
-    let http = reqwest::Client::new();
+    let http = reqwest::Client::builder()
+        .timeout(Duration::from_secs(10))
+        .build()
+        .unwrap_or_default();
     let mut faults = Faults::default();
     let began = tokio::time::Instant::now();
-    let mut paused: Vec<(u32, tokio::time::Instant)> = Vec::new();
+    let mut paused: Vec<(Vec<u32>, tokio::time::Instant)> = Vec::new();
     let mut checked = began;
     loop {
         let ran = began.elapsed();
@@ -318,10 +345,12 @@ async fn schedule(
         }
         tokio::time::sleep(Duration::from_millis(rng.random_range(500..1500))).await;
         let now = tokio::time::Instant::now();
-        paused.retain(|(pid, until)| {
+        paused.retain(|(pids, until)| {
             let over = *until <= now;
             if over {
-                signal(*pid, Signal::CONT);
+                for pid in pids {
+                    signal(*pid, Signal::CONT);
+                }
             }
             !over
         });
@@ -333,7 +362,7 @@ async fn schedule(
             let live: Vec<(String, u32)> = p
                 .live
                 .iter()
-                .filter(|(_, pid)| !paused.iter().any(|(p, _)| p == *pid))
+                .filter(|(_, pid)| !paused.iter().any(|(p, _)| p.contains(*pid)))
                 .map(|(n, pid)| (n.clone(), *pid))
                 .collect();
             // Signals go to a holder when there is one, at the worst
@@ -368,14 +397,21 @@ async fn schedule(
                 }
                 let pause =
                     Duration::from_millis(rng.random_range(ttl * 1200 + 1000..ttl * 2000 + 2000));
-                signal(*pid, Signal::STOP);
-                paused.push((*pid, now + pause));
+                // A host pause: a `locks run` stops with its command.
+                let pids = family(*pid);
+                for member in &pids {
+                    signal(*member, Signal::STOP);
+                }
+                paused.push((pids, now + pause));
                 faults.long_pauses += 1;
+                faults
+                    .pauses
+                    .push((start, start + pause.as_millis() as i64));
                 "pause past the ttl (SIGSTOP, SIGCONT)"
             }
             (50..58, Some((name, pid))) => {
                 lock(shared).killed.insert(name.clone(), start);
-                signal(*pid, Signal::KILL);
+                signal_family(*pid, Signal::KILL);
                 "kill (SIGKILL)"
             }
             (58..64, Some((_, pid))) => {
@@ -411,8 +447,10 @@ async fn schedule(
         };
         *faults.by_kind.entry(kind).or_default() += 1;
     }
-    for (pid, _) in paused {
-        signal(pid, Signal::CONT);
+    for (pids, _) in paused {
+        for pid in pids {
+            signal(pid, Signal::CONT);
+        }
     }
     faults.secs = began.elapsed().as_secs_f64();
     faults
@@ -476,7 +514,9 @@ async fn run(
 ) -> Result<(Verdict, Faults, usize), String> {
     let name = if fenced { "e2e_fenced" } else { "e2e_control" };
     let db_urls = db::prepare(pg_url, name, &KEYS).await?;
-    let (mut mock, mock_addr) = start_mock(&a.bin).await?;
+    let (mut mock, mock_addr) = tokio::time::timeout(Duration::from_secs(30), start_mock(&a.bin))
+        .await
+        .map_err(|_| "the mock server did not start within 30 s".to_owned())??;
     let mock_url = format!("http://{mock_addr}");
     let proxy = Proxy::start(mock_addr)
         .await
@@ -517,7 +557,9 @@ async fn run(
         p.live.values().copied().collect()
     };
     for pid in &live {
-        signal(*pid, Signal::CONT);
+        for member in family(*pid) {
+            signal(member, Signal::CONT);
+        }
         signal(*pid, Signal::TERM);
     }
     let ended = tokio::time::timeout(Duration::from_secs(20), async {
@@ -527,7 +569,14 @@ async fn run(
     })
     .await;
     if ended.is_err() {
-        return Err("processes did not end within 20 s of SIGTERM".into());
+        let left: Vec<String> = lock(&shared).live.keys().cloned().collect();
+        for pid in lock(&shared).live.values() {
+            signal_family(*pid, Signal::KILL);
+        }
+        return Err(format!(
+            "processes did not end within 20 s of SIGTERM: {}",
+            left.join(", ")
+        ));
     }
     let locks: Vec<Value> = get_json(&http, &format!("{mock_url}/__mock/locks")).await?;
     let journal: Vec<Value> = get_json(&http, &format!("{mock_url}/__mock/requests")).await?;
@@ -546,6 +595,22 @@ async fn run(
             })
         })
         .collect();
+    let truncated = journal.first().is_some_and(|r| r["seq"] != 1);
+    // The service's own 429s (its quota, not an injected storm) slow
+    // waiters down as a fault does.
+    let mut faults_on = faults.on.clone();
+    faults_on.extend(faults.pauses.iter().copied());
+    for r in &journal {
+        if r["status"] == 429 {
+            if let Some(at) = r["at"]
+                .as_str()
+                .and_then(|at| chrono::DateTime::parse_from_rfc3339(at).ok())
+            {
+                let at = at.timestamp_millis();
+                faults_on.push((at - 1_000, at + 60_000));
+            }
+        }
+    }
     let mut expiries: BTreeMap<(String, i64), i64> = BTreeMap::new();
     for r in &journal {
         let granted = (r["operation"] == "acquire" && r["status"] == 201)
@@ -592,7 +657,9 @@ async fn run(
         said: p.said,
         exits: p.exits,
         killed: p.killed,
-        faults_on: faults.on.clone(),
+        keys_of: p.keys_of,
+        faults_on,
+        truncated,
     };
     Ok((checks::judge(&evidence), faults, p.started))
 }
