@@ -56,6 +56,12 @@ const SLOTS: [(&str, &str); 9] = [
     ("cli", "e2e-c"),
 ];
 
+/// A journal time (RFC 3339), in milliseconds since the epoch.
+fn epoch_ms(at: &Value) -> Option<i64> {
+    let at = chrono::DateTime::parse_from_rfc3339(at.as_str()?).ok()?;
+    Some(at.timestamp_millis())
+}
+
 fn now_ms() -> i64 {
     chrono::Utc::now().timestamp_millis()
 }
@@ -589,9 +595,7 @@ async fn run(
             Some(Grant {
                 key: r["key"].as_str()?.to_owned(),
                 fence: r["fencing_token"].as_i64()?,
-                at_ms: chrono::DateTime::parse_from_rfc3339(r["at"].as_str()?)
-                    .ok()?
-                    .timestamp_millis(),
+                at_ms: epoch_ms(&r["at"])?,
             })
         })
         .collect();
@@ -602,11 +606,7 @@ async fn run(
     faults_on.extend(faults.pauses.iter().copied());
     for r in &journal {
         if r["status"] == 429 {
-            if let Some(at) = r["at"]
-                .as_str()
-                .and_then(|at| chrono::DateTime::parse_from_rfc3339(at).ok())
-            {
-                let at = at.timestamp_millis();
+            if let Some(at) = epoch_ms(&r["at"]) {
                 faults_on.push((at - 1_000, at + 60_000));
             }
         }
@@ -618,16 +618,13 @@ async fn run(
         let (Some(key), Some(fence), Some(at)) = (
             r["key"].as_str(),
             r["fencing_token"].as_i64(),
-            r["expires_at"].as_str(),
+            epoch_ms(&r["expires_at"]),
         ) else {
-            continue;
-        };
-        let Ok(at) = chrono::DateTime::parse_from_rfc3339(at) else {
             continue;
         };
         if granted {
             let until = expiries.entry((key.to_owned(), fence)).or_default();
-            *until = (*until).max(at.timestamp_millis());
+            *until = (*until).max(at);
         }
     }
     let live_at_end = locks

@@ -139,10 +139,7 @@ pub async fn check_in(
         .execute(&mut *conn)
         .await
         .map(drop)
-        .map_err(|err| {
-            let said = said(&err);
-            Error::from_check(said, (resource, fence), table.name(), "sqlx", Box::new(err))
-        })
+        .map_err(|err| checking(err, table, resource, fence))
 }
 
 /// Begins a transaction on `conn` whose first statement is the check:
@@ -191,10 +188,7 @@ pub async fn begin_in<'c>(
     // after it makes that the caller's: on failure nothing stays open.
     ::sqlx::Connection::begin_with(conn, table.check_then_begin(resource, fence))
         .await
-        .map_err(|err| {
-            let said = said(&err);
-            Error::from_check(said, (resource, fence), table.name(), "sqlx", Box::new(err))
-        })
+        .map_err(|err| checking(err, table, resource, fence))
 }
 
 /// Aborts the transaction on the server, so that a caller who ignores
@@ -206,6 +200,11 @@ async fn poison(conn: &mut PgConnection, err: Error) -> Error {
         .execute(&mut *conn)
         .await;
     err
+}
+
+fn checking(err: ::sqlx::Error, table: &Table, resource: &str, fence: i64) -> Error {
+    let said = said(&err);
+    Error::from_check(said, (resource, fence), table.name(), "sqlx", Box::new(err))
 }
 
 fn migrating(err: ::sqlx::Error) -> Error {

@@ -4,9 +4,12 @@
 
 #![cfg(all(feature = "sqlx", feature = "tokio-postgres", feature = "testing"))]
 
+mod common;
+
 use std::sync::Arc;
 use std::time::Duration;
 
+use common::checked;
 use rand::{Rng, SeedableRng};
 use sqlx::postgres::PgPoolOptions;
 use sqlx::{Executor, PgPool, Row};
@@ -45,22 +48,6 @@ async fn tokio_setup(name: &str) -> Option<(tokio_postgres::Client, Table)> {
         .await
         .unwrap();
     Some((client, Table::in_schema(name).unwrap()))
-}
-
-/// One transaction: check `fence` on `resource`, then commit.
-async fn checked(
-    pool: &PgPool,
-    table: &Table,
-    resource: &str,
-    fence: i64,
-) -> Result<(), volcano_fence::Error> {
-    let mut tx = pool.begin().await.unwrap();
-    let result = fence::check_in(&mut tx, table, resource, fence).await;
-    match result {
-        Ok(()) => tx.commit().await.unwrap(),
-        Err(_) => tx.rollback().await.unwrap(),
-    }
-    result
 }
 
 async fn recorded(pool: &PgPool, table: &Table, resource: &str) -> Option<i64> {

@@ -6,9 +6,12 @@
 
 #![cfg(all(feature = "sqlx", feature = "tokio-postgres", feature = "testing"))]
 
+mod common;
+
 use std::str::FromStr;
 use std::time::Duration;
 
+use common::checked;
 use sqlx::postgres::{PgConnectOptions, PgPoolOptions};
 use sqlx::{Executor, PgPool};
 use volcano_fence::testing::Postgres;
@@ -51,22 +54,6 @@ async fn fresh_role(admin: &PgPool, role: &str) {
         .execute(format!("DROP ROLE IF EXISTS {role}; CREATE ROLE {role} LOGIN").as_str())
         .await
         .unwrap();
-}
-
-/// One transaction: check, then commit (or roll back when refused).
-async fn checked(
-    pool: &PgPool,
-    table: &Table,
-    resource: &str,
-    fence: i64,
-) -> Result<(), volcano_fence::Error> {
-    let mut tx = pool.begin().await.unwrap();
-    let result = fence::check_in(&mut tx, table, resource, fence).await;
-    match result {
-        Ok(()) => tx.commit().await.unwrap(),
-        Err(_) => tx.rollback().await.unwrap(),
-    }
-    result
 }
 
 /// PostgreSQL's recommended set-up: each writer role has a schema of its

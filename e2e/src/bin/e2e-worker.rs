@@ -177,6 +177,47 @@ fn done(worker: &str, keys: &[(String, i64)], ok: bool, why: Option<String>) {
         "ok": ok, "why": why}));
 }
 
+/// The fence a scoped hold (`with_lock`, a leader's term) got, once it got one.
+type Seen = Arc<std::sync::Mutex<Option<i64>>>;
+
+/// The work of a scoped hold: says `held`, then increments under its fence.
+async fn scoped(
+    guard: LockGuard,
+    seen: Seen,
+    store: Arc<Mutex<Store>>,
+    worker: String,
+) -> Result<(), Failed> {
+    let fence = guard.lease().fencing_token();
+    *seen.lock().unwrap() = Some(fence);
+    held(&worker, guard.key(), fence);
+    let keys = [(guard.key().to_owned(), fence)];
+    store.lock().await.work(&keys, 2..6).await
+}
+
+/// Says `done` for a scoped hold that got its lock: `ok` is what it returned.
+fn scope_done(worker: &str, key: String, seen: &Seen, result: Result<(), Failed>) {
+    if let Some(fence) = *seen.lock().unwrap() {
+        let why = result.as_ref().err().map(ToString::to_string);
+        done(worker, &[(key, fence)], result.is_ok(), why);
+    }
+}
+
+/// Says `done` for a hold released by hand: `ok` when the work and the
+/// release both succeeded.
+fn hold_done(
+    worker: &str,
+    keys: &[(String, i64)],
+    worked: Result<(), Failed>,
+    released: volcano::Result<()>,
+) {
+    let why = match (&worked, &released) {
+        (Err(e), _) => Some(e.to_string()),
+        (_, Err(e)) => Some(e.to_string()),
+        _ => None,
+    };
+    done(worker, keys, worked.is_ok() && released.is_ok(), why);
+}
+
 /// One hold of the worker's lock(s), as its mode takes it.
 async fn round(mode: &str, client: &Client, store: &Arc<Mutex<Store>>, keys: &[String]) {
     let locks = client.locks();
@@ -185,45 +226,24 @@ async fn round(mode: &str, client: &Client, store: &Arc<Mutex<Store>>, keys: &[S
     let key = keys[0].clone();
     match mode {
         "with_lock" => {
-            let fence = Arc::new(std::sync::Mutex::new(None));
-            let (seen, inner, name) = (fence.clone(), store.clone(), worker.clone());
+            let seen = Arc::new(std::sync::Mutex::new(None));
+            let (fence, inner, name) = (seen.clone(), store.clone(), worker.clone());
             let result = locks
-                .with_lock(key.clone(), ttl, move |guard: LockGuard| async move {
-                    let f = guard.lease().fencing_token();
-                    *seen.lock().unwrap() = Some(f);
-                    held(&name, guard.key(), f);
-                    inner
-                        .lock()
-                        .await
-                        .work(&[(guard.key().to_owned(), f)], 2..6)
-                        .await
+                .with_lock(key.clone(), ttl, move |guard: LockGuard| {
+                    scoped(guard, fence, inner, name)
                 })
                 .wait(WAIT)
                 .await;
-            let fence = *fence.lock().unwrap();
-            if let Some(f) = fence {
-                done(
-                    &worker,
-                    &[(key, f)],
-                    result.is_ok(),
-                    result.err().map(|e| e.to_string()),
-                );
-            }
+            scope_done(&worker, key, &seen, result);
         }
         "hold" => {
             let Ok(lock) = locks.hold(key.clone(), ttl).wait(WAIT).await else {
                 return;
             };
-            let f = lock.lease().fencing_token();
-            held(&worker, &key, f);
-            let worked = store.lock().await.work(&[(key.clone(), f)], 2..6).await;
-            let released = lock.release().await;
-            let ok = worked.is_ok() && released.is_ok();
-            let why = worked
-                .err()
-                .map(|e| e.to_string())
-                .or(released.err().map(|e| e.to_string()));
-            done(&worker, &[(key, f)], ok, why);
+            let fenced = [(key.clone(), lock.lease().fencing_token())];
+            held(&worker, &key, fenced[0].1);
+            let worked = store.lock().await.work(&fenced, 2..6).await;
+            hold_done(&worker, &fenced, worked, lock.release().await);
         }
         "hold_all" => {
             let Ok(set) = locks.hold_all(keys.to_vec(), ttl).wait(WAIT).await else {
@@ -237,43 +257,19 @@ async fn round(mode: &str, client: &Client, store: &Arc<Mutex<Store>>, keys: &[S
                 held(&worker, k, *f);
             }
             let worked = store.lock().await.work(&fenced, 2..6).await;
-            let released = set.release().await;
-            let ok = worked.is_ok() && released.is_ok();
-            let why = worked
-                .err()
-                .map(|e| e.to_string())
-                .or(released.err().map(|e| e.to_string()));
-            done(&worker, &fenced, ok, why);
+            hold_done(&worker, &fenced, worked, set.release().await);
         }
         "leader" => {
             // One term: a few increments, then step down (`run` returns).
-            let fence = Arc::new(std::sync::Mutex::new(None));
-            let (seen, inner, name) = (fence.clone(), store.clone(), worker.clone());
+            let seen = Arc::new(std::sync::Mutex::new(None));
+            let (fence, inner, name) = (seen.clone(), store.clone(), worker.clone());
             let result = locks
                 .leader(key.clone(), ttl)
                 .run(move |guard: LockGuard| {
-                    let (seen, inner, name) = (seen.clone(), inner.clone(), name.clone());
-                    async move {
-                        let f = guard.lease().fencing_token();
-                        *seen.lock().unwrap() = Some(f);
-                        held(&name, guard.key(), f);
-                        inner
-                            .lock()
-                            .await
-                            .work(&[(guard.key().to_owned(), f)], 2..6)
-                            .await
-                    }
+                    scoped(guard, fence.clone(), inner.clone(), name.clone())
                 })
                 .await;
-            let fence = *fence.lock().unwrap();
-            if let Some(f) = fence {
-                done(
-                    &worker,
-                    &[(key, f)],
-                    result.is_ok(),
-                    result.err().map(|e| e.to_string()),
-                );
-            }
+            scope_done(&worker, key, &seen, result);
         }
         other => panic!("e2e-worker: unknown mode {other:?}"),
     }
