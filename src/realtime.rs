@@ -18,7 +18,7 @@ pub(crate) const PAUSED_CLOCK: &str =
     "tokio's clock is paused (#[tokio::test(start_paused = true)] \
      or tokio::time::pause()) and jumped ahead of real time: lock calls and guards need real time. \
      Leave tokio's clock running; move lease time with volcano::LeaseClock::adjustable() and the \
-     mock server's time with MockServer::advance() (see docs/testing.md)";
+     mock server's time with MockServer::advance() (the volcano::mock page says how)";
 
 /// Two readings taken together: the runtime's clock and the real one.
 #[derive(Debug, Clone, Copy)]

@@ -97,21 +97,32 @@ async fn retry_after_is_parsed_from_429() {
 }
 
 #[tokio::test]
-async fn non_json_error_body_keeps_status_and_a_truncated_copy() {
+async fn non_json_error_body_keeps_status_and_a_short_excerpt() {
     let err =
         get_error(ResponseTemplate::new(502).set_body_string("<html>Bad gateway</html>")).await;
     assert!(matches!(err, Error::Server(_)));
     assert_eq!(err.status(), Some(502));
     assert_eq!(
         err.api_error().unwrap().message(),
-        "<html>Bad gateway</html>"
+        "not a JSON error object: an HTML page beginning \"Bad gateway\""
     );
     assert_eq!(err.code(), None);
 
+    // A wrong URL's whole error page is named by its title, on one line.
+    let page = format!(
+        "<!DOCTYPE html>\n<html>\n<head>\n  <TITLE>404 Not Found</TITLE>\n</head>\n<body>{}</body></html>",
+        "<p>The requested URL was not found on this server.</p>\n".repeat(200)
+    );
+    let err = get_error(ResponseTemplate::new(404).set_body_string(page)).await;
+    assert_eq!(
+        err.to_string(),
+        "not found (HTTP 404: not a JSON error object: an HTML page, \"404 Not Found\")"
+    );
+
     let err = get_error(ResponseTemplate::new(500).set_body_string("y".repeat(100_000))).await;
     let message = err.api_error().unwrap().message();
-    assert!(message.len() < 1_000, "kept {} bytes", message.len());
-    assert!(message.ends_with('…'));
+    assert!(message.chars().count() < 160, "kept {message}");
+    assert!(message.ends_with("…\""), "{message}");
 
     let err = get_error(ResponseTemplate::new(503)).await;
     assert_eq!(err.status(), Some(503));

@@ -110,7 +110,7 @@ pub(crate) async fn confirmed(
         let err = match attempt {
             Ok(()) => return Ok(Ended::Released),
             Err(Error::Conflict(_)) if uncertain => {
-                tracing::info!(
+                tracing::debug!(
                     key = lease.key(),
                     request_id,
                     "release confirmed: an earlier attempt freed the lock before it changed hands"
@@ -130,7 +130,7 @@ pub(crate) async fn confirmed(
             return Err(failed(err));
         }
         first_attempt = false;
-        tracing::info!(
+        tracing::warn!(
             key = lease.key(),
             request_id,
             error = %crate::error::chain(&err),
@@ -238,7 +238,7 @@ pub(crate) fn in_background(
             Box::pin(async move {
                 match confirmed(&task_locks, &lease, persistence, Some(superseded)).await {
                     Ok(Ended::Released) => {
-                        tracing::info!(key = lease.key(), why, "lock released in the background");
+                        tracing::debug!(key = lease.key(), why, "lock released in the background");
                         Settled::Freed
                     }
                     // The acquire that stopped it decides: until it holds

@@ -134,7 +134,7 @@ impl Hold {
         let started = clock.now();
         let acquired = acquire.send_measured().await?;
         span.record("fencing_token", acquired.lease.fencing_token());
-        tracing::info!(
+        tracing::debug!(
             key = acquired.lease.key(),
             fencing_token = acquired.lease.fencing_token(),
             "lock acquired"
@@ -326,7 +326,7 @@ impl HeldLock {
         let outcome = release::let_go(&self.locks, &lease, state.server_may_hold_for()).await;
         self.stage = Stage::Released;
         match &outcome {
-            LetGo::Freed => tracing::info!(
+            LetGo::Freed => tracing::debug!(
                 key = lease.key(),
                 fencing_token = lease.fencing_token(),
                 "lock released"

@@ -71,7 +71,7 @@ pub(super) async fn renew_in_window(state: &State, locks: &Locks) -> Result<(), 
             tally.settle("failed");
             return Err(gave_up(&state.key, Some(err)));
         };
-        tracing::info!(
+        tracing::warn!(
             key = %state.key,
             fencing_token = lease.fencing_token(),
             request_id,
