@@ -432,6 +432,63 @@ async fn help_never_shows_secret_environment_values() {
     assert!(!help.stdout.contains(server.anon_key()), "{}", help.stdout);
 }
 
+/// The rows of `--help`'s exit-code table (`  N  meaning`).
+fn help_exit_codes(help: &str) -> Vec<(u16, String)> {
+    help.lines()
+        .skip_while(|line| !line.starts_with("Exit codes:"))
+        .skip(1)
+        .map_while(|line| {
+            let (code, meaning) = line.trim_start().split_once("  ")?;
+            Some((code.parse().ok()?, meaning.to_owned()))
+        })
+        .collect()
+}
+
+#[tokio::test]
+async fn the_readmes_exit_code_table_is_the_clis() {
+    let server = MockServer::start().await;
+    let help = volcano(&server, &["--help"]).await.stdout;
+    let from_help = help_exit_codes(&help);
+    assert!(from_help.len() >= 12, "{help}");
+    let readme = include_str!("../README.md");
+    let from_readme: Vec<(u16, String)> = readme
+        .lines()
+        .skip_while(|line| *line != "| exit code | meaning |")
+        .skip(2)
+        .map_while(|row| {
+            let (code, meaning) = row
+                .strip_prefix("| ")?
+                .strip_suffix(" |")?
+                .split_once(" | ")?;
+            Some((code.parse().ok()?, meaning.to_owned()))
+        })
+        .collect();
+    assert_eq!(from_readme, from_help);
+    // `run` passes its command's code on; the rest are the CLI's own.
+    assert!(help.contains("`run` otherwise exits with its command's code"));
+}
+
+#[tokio::test]
+async fn help_lists_global_options_apart_and_carries_no_source_notes() {
+    let server = MockServer::start().await;
+    for args in [&["--help"][..], &["locks", "acquire", "--help"]] {
+        let help = volcano(&server, args).await.stdout;
+        let (own, global) = help
+            .split_once("Global options:")
+            .expect("a heading of its own");
+        assert!(
+            global.contains("--api-url") && !own.contains("--api-url"),
+            "{help}"
+        );
+        assert!(!help.contains("Debug"), "{help}");
+    }
+    let acquire = volcano(&server, &["locks", "acquire", "--help"])
+        .await
+        .stdout;
+    let (own, _) = acquire.split_once("Global options:").unwrap();
+    assert!(own.contains("--ttl"), "{acquire}");
+}
+
 #[tokio::test]
 async fn missing_service_key_is_an_invalid_argument_and_the_anon_key_is_optional() {
     let server = MockServer::start().await;

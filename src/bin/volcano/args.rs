@@ -5,44 +5,37 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand, ValueEnum};
 
-const AFTER_HELP: &str = "\
-Exit codes: 0 ok, 1 other error, 2 invalid argument, 3 conflict (lock held or
-ownership lost), 4 authentication, 5 rate limited, 6 outcome unknown (server or
-transport error, or an unusable answer: it may have been applied), 7
-force-release not confirmed, 8 lock lost while `run`'s command ran, 9 `run`'s
---max-hold ended the command, 10 could not connect (nothing was sent), 141
-standard output closed. `run` otherwise exits with its command's code (126/127
-if the command cannot be started; 128+N if a signal N ended it).
-
-Credentials come from VOLCANO_SERVICE_KEY, VOLCANO_ANON_KEY and VOLCANO_API_URL;
-flags override them.";
+/// The heading of the options every command takes, listed apart from each
+/// command's own.
+const GLOBAL: &str = "Global options";
 
 /// Inspect and recover Volcano project locks.
-///
-/// No `Debug` here or on the commands: they hold the service key and an
-/// ownership token.
+//
+// No `Debug` here or on the commands: they hold the service key and an
+// ownership token.
 #[derive(Parser)]
-#[command(name = "volcano", version, after_help = AFTER_HELP)]
+#[command(name = "volcano", version, after_help = crate::exit::after_help())]
 pub(crate) struct Cli {
     /// Output format.
-    #[arg(long, global = true, value_enum, default_value_t = Output::Text)]
+    #[arg(long, global = true, help_heading = GLOBAL, value_enum, default_value_t = Output::Text)]
     pub(crate) output: Output,
     /// API URL.
-    #[arg(long, global = true, env = "VOLCANO_API_URL", default_value = volcano::DEFAULT_API_URL)]
+    #[arg(long, global = true, help_heading = GLOBAL, env = "VOLCANO_API_URL", default_value = volcano::DEFAULT_API_URL)]
     pub(crate) api_url: String,
     /// Service-role key (prefer the environment variable: flags show up in `ps`).
     #[arg(
         long,
         global = true,
+        help_heading = GLOBAL,
         env = "VOLCANO_SERVICE_KEY",
         hide_env_values = true
     )]
     pub(crate) service_key: Option<String>,
     /// Anon key.
-    #[arg(long, global = true, env = "VOLCANO_ANON_KEY", hide_env_values = true)]
+    #[arg(long, global = true, help_heading = GLOBAL, env = "VOLCANO_ANON_KEY", hide_env_values = true)]
     pub(crate) anon_key: Option<String>,
     /// Per-request timeout, e.g. 10s.
-    #[arg(long, global = true, value_parser = parse_duration, default_value = "60s")]
+    #[arg(long, global = true, help_heading = GLOBAL, value_parser = parse_duration, default_value = "60s")]
     pub(crate) timeout: Duration,
     /// Allow a plain http:// API URL off loopback (a mock server in
     /// docker-compose, say). The service key then crosses the network in
@@ -50,6 +43,7 @@ pub(crate) struct Cli {
     #[arg(
         long,
         global = true,
+        help_heading = GLOBAL,
         env = "VOLCANO_ALLOW_INSECURE_HTTP",
         action = clap::ArgAction::SetTrue,
         value_parser = clap::builder::BoolishValueParser::new()
@@ -143,7 +137,7 @@ pub(crate) enum LockCommand {
         /// When the lock is held elsewhere, print nothing at all.
         #[arg(long)]
         quiet: bool,
-        /// Lease duration, whole seconds; renewed about every third of it.
+        /// Lease duration, whole seconds; renewed at about half of it (a third for short ones).
         #[arg(long, value_parser = parse_duration, default_value = "30s")]
         ttl: Duration,
         /// If the lock is held, wait this long for it, e.g. 10m.

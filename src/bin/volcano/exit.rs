@@ -3,6 +3,7 @@
 
 use volcano::Error;
 
+pub(crate) const OK: u8 = 0;
 pub(crate) const OTHER: u8 = 1;
 pub(crate) const INVALID: u8 = 2;
 pub(crate) const CONFLICT: u8 = 3;
@@ -14,6 +15,41 @@ pub(crate) const LOST: u8 = 8;
 pub(crate) const MAX_HOLD: u8 = 9;
 /// No connection could be made: nothing was sent, the lock is unchanged.
 pub(crate) const NOT_SENT: u8 = 10;
+/// Standard output was closed (SIGPIPE's shell code, 128 + 13).
+pub(crate) const CLOSED_OUTPUT: u8 = 128 + 13;
+
+/// Every exit code the CLI chooses, and what it means: `--help` prints
+/// this table, and a test holds the README's table to it.
+pub(crate) const TABLE: [(u8, &str); 12] = [
+    (OK, "ok"),
+    (OTHER, "any other error"),
+    (INVALID, "invalid argument or configuration; nothing was sent"),
+    (CONFLICT, "lock held by another owner, or ownership lost (`run`: the command was not started)"),
+    (AUTH, "authentication refused"),
+    (RATE_LIMITED, "rate limited: the project's quota is spent until the window ends"),
+    (UNAVAILABLE, "outcome unknown: a server or transport error, or an answer that could not be used; the request may have been applied (run an acquire again with the same --token and --request-id to recover the lease)"),
+    (ABORTED, "force-release not confirmed; nothing was released"),
+    (LOST, "`run`: the lock was lost while the command ran (also when only its final release found another owner)"),
+    (MAX_HOLD, "`run`: --max-hold ended the command"),
+    (NOT_SENT, "could not connect: nothing was sent, the lock is unchanged"),
+    (CLOSED_OUTPUT, "standard output was closed before the answer was written (`watch` exits 0 when its reader goes)"),
+];
+
+/// `--help`'s closing text: the exit codes, from [`TABLE`].
+pub(crate) fn after_help() -> String {
+    let mut text = String::from("Exit codes:\n");
+    for (code, meaning) in TABLE {
+        text.push_str(&format!("  {code:>3}  {meaning}\n"));
+    }
+    text.push_str(
+        "  `run` otherwise exits with its command's code (126 or 127 if it could not be\n  \
+         started, 128+N if signal N ended it), and a held lock with --held-exit-code N\n  \
+         if given.\n\n\
+         Credentials come from VOLCANO_SERVICE_KEY, VOLCANO_ANON_KEY and VOLCANO_API_URL;\n\
+         flags override them.",
+    );
+    text
+}
 
 /// A failure with its exit code.
 pub(crate) struct Failure {

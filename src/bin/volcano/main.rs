@@ -1,8 +1,8 @@
 //! `volcano`: admin CLI for Volcano project locks (feature `cli`).
 //!
 //! ```sh
-//! cargo run --features cli --bin volcano -- locks get daily-report
-//! cargo run --features cli --bin volcano -- locks run daily-report -- ./report.sh
+//! cargo run -p volcano --features cli --bin volcano -- locks get daily-report
+//! cargo run -p volcano --features cli --bin volcano -- locks run daily-report -- ./report.sh
 //! ```
 //!
 //! This file only wires the parts together: `args` (flags and help text),
@@ -52,12 +52,13 @@ async fn main() -> ExitCode {
     match execute(cli).await {
         Ok(Done::Value(value)) => {
             if output::print(format, &value) {
-                ExitCode::SUCCESS
+                ExitCode::from(exit::OK)
             } else {
-                ExitCode::from(output::CLOSED_OUTPUT)
+                // Nothing more is printed.
+                ExitCode::from(exit::CLOSED_OUTPUT)
             }
         }
-        Ok(Done::Watched) => ExitCode::SUCCESS,
+        Ok(Done::Watched) => ExitCode::from(exit::OK),
         Ok(Done::Ran(ran)) => {
             output::ended(format, &ran);
             ExitCode::from(ran.code)

@@ -50,10 +50,6 @@ pub(crate) fn lease_json(lease: &LockLease, show_token: bool) -> Value {
     value
 }
 
-/// The exit code of a command whose standard output closed before its
-/// value was written: a shell's for SIGPIPE, printing nothing more.
-pub(crate) const CLOSED_OUTPUT: u8 = 128 + 13;
-
 /// One line on standard output; `false` when it could not be written
 /// (nobody reads it any more).
 pub(crate) fn line(text: impl Display) -> bool {
