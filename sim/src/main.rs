@@ -1,5 +1,7 @@
-//! `cargo run -p volcano-sim --release -- --seeds N` explores seeds;
-//! `--seed S --trace FILE` replays one and writes its event trace. The last
+//! `cargo run --release -- --seeds N`, from sim/, explores seeds;
+//! `--seed S --trace FILE` replays one and writes its event trace (built
+//! elsewhere, without sim/.cargo/config.toml's `--cfg tokio_unstable`, a
+//! seed's trace may differ between runs: it says so on standard error). The last
 //! line is `sim: N seeds, V violations, F faults, E events`; the exit
 //! status is 1 when a check failed, after each failing seed and the
 //! command that replays it.
@@ -98,6 +100,10 @@ fn main() -> ExitCode {
         );
         bar
     });
+    #[cfg(not(tokio_unstable))]
+    eprintln!(
+        "sim: built without --cfg tokio_unstable, so a seed may not replay exactly; build from sim/"
+    );
     let started = std::time::Instant::now();
     let (mut violations, mut faults, mut events, mut failed) = (0, 0, 0, Vec::new());
     let mut kinds = std::collections::BTreeMap::<String, usize>::new();
@@ -132,7 +138,7 @@ fn main() -> ExitCode {
                 report(&format!("seed {seed}: {v}"));
             }
             report(&format!(
-                "  replay: cargo run -p volcano-sim --release -- --seed {seed} --trace sim-{seed}.log"
+                "  replay: cargo run --release -- --seed {seed} --trace sim-{seed}.log (from sim/)"
             ));
             failed.push(seed);
         }

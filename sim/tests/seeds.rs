@@ -4,7 +4,7 @@
 
 use volcano_sim::{run, Options, Sabotage};
 
-/// Seeds run clean in CI; `cargo run -p volcano-sim --release -- --seeds N`
+/// Seeds run clean in CI; `cargo run --release -- --seeds N` (from sim/)
 /// explores more.
 const CLEAN_SEEDS: u64 = 150;
 /// A planted bug must be found within this many seeds.
@@ -17,7 +17,7 @@ fn seeds_run_without_violations() {
         let outcome = run(seed, &options);
         assert!(
             outcome.violations.is_empty(),
-            "seed {seed}: {:#?}\nreplay: cargo run -p volcano-sim --release -- --seed {seed} --trace sim-{seed}.log",
+            "seed {seed}: {:#?}\nreplay: cargo run --release -- --seed {seed} --trace sim-{seed}.log (from sim/)",
             outcome.violations
         );
         assert!(outcome.events > 0, "seed {seed} logged nothing");
@@ -25,6 +25,10 @@ fn seeds_run_without_violations() {
 }
 
 #[test]
+#[cfg_attr(
+    not(tokio_unstable),
+    ignore = "replays exactly only under --cfg tokio_unstable: run `cargo test` from sim/"
+)]
 fn a_seed_replays_byte_for_byte() {
     let options = Options::default();
     // Enough seeds that some race two wake-ups in one tick (tokio's
