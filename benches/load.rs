@@ -3,13 +3,13 @@
 //! section of the tracked `docs/benchmarks.md`:
 //!
 //! ```sh
-//! cargo bench --bench load -- overhead     # SDK vs bare reqwest, same requests
-//! cargo bench --bench load -- throughput   # mock server vs a no-op handler, 64 connections
-//! cargo bench --bench load -- scale        # 10,000 with_lock guards for 30 s (+ 5 % 503s)
-//! cargo bench --bench load -- latency      # acquire latency, 1 and 64 clients
-//! cargo bench --bench load -- startup      # MockServer::start() and drop, 1 and 200 instances
-//! cargo bench --bench load                 # all five
-//! cargo bench --bench load -- instructions # callgrind: instructions per pair (valgrind)
+//! cargo bench -p volcano --bench load -- overhead     # SDK vs bare reqwest, same requests
+//! cargo bench -p volcano --bench load -- throughput   # mock server vs a no-op handler, 64 connections
+//! cargo bench -p volcano --bench load -- scale        # 10,000 with_lock guards for 30 s (+ 5 % 503s)
+//! cargo bench -p volcano --bench load -- latency      # acquire latency, 1 and 64 clients
+//! cargo bench -p volcano --bench load -- startup      # MockServer::start() and drop, 1 and 200 instances
+//! cargo bench -p volcano --bench load                 # all five
+//! cargo bench -p volcano --bench load -- instructions # callgrind: instructions per pair (valgrind)
 //! ```
 //!
 //! The server runs in a child process (this binary again, `--serve`), so
@@ -389,7 +389,7 @@ fn report(name: &str, title: &str, body: &str) {
     let path = concat!(env!("CARGO_MANIFEST_DIR"), "/docs/benchmarks.md");
     let mut doc = std::fs::read_to_string(path).unwrap_or_default();
     if doc.is_empty() {
-        doc = "# Benchmarks\n\nProduced by `cargo bench --bench load` (release build). \
+        doc = "# Benchmarks\n\nProduced by `cargo bench -p volcano --bench load` (release build). \
                Each section says when and where it was measured.\n"
             .to_owned();
     }
@@ -1368,7 +1368,7 @@ fn startup() {
     } else {
         "NOT met"
     };
-    // Test suites run debug builds: `cargo bench --profile dev --bench
+    // Test suites run debug builds: `cargo bench -p volcano --profile dev --bench
     // load -- startup` measures that too, in a section of its own.
     let (name, title) = if cfg!(debug_assertions) {
         (
@@ -1522,7 +1522,7 @@ fn instructions() {
         "instructions",
         "1b. Instructions per pair (callgrind)",
         &format!(
-            "{}\n\n`cargo bench --bench load -- instructions`: `valgrind --tool=callgrind` on one \
+            "{}\n\n`cargo bench -p volcano --bench load -- instructions`: `valgrind --tool=callgrind` on one \
              process at a time, {SHORT} and {LONG} acquire + release pairs after a warm-up, the \
              difference divided by {}. The client runs on a current-thread runtime; the server \
              is driven by the raw load generator over 8 connections.\n\n\

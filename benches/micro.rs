@@ -1,5 +1,5 @@
 //! Micro-benchmarks of the SDK's own work, without the network:
-//! `cargo bench --features bench --bench micro` (the feature compiles the
+//! `cargo bench -p volcano --features bench --bench micro` (the feature compiles the
 //! hooks into the crate; nothing else enables it).
 
 use std::hint::black_box;

@@ -3,11 +3,11 @@
 //! each trade-off are printed.
 //!
 //! ```sh
-//! cargo bench --bench waiting -- pickup    # release -> held, 0.5/2/10/60 s into a wait (~80 s)
-//! cargo bench --bench waiting -- long      # requests per waiter-minute over 10 minutes (~10 min)
-//! cargo bench --bench waiting -- fleets    # 16 waiters on 1 key, 4 keys x 8, per minute (~3 min)
-//! cargo bench --bench waiting -- renewals  # renewals per held lock-minute, ttl 15/30/60 s (~2 min)
-//! cargo bench --bench waiting              # all but long
+//! cargo bench -p volcano --bench waiting -- pickup    # release -> held, 0.5/2/10/60 s into a wait (~80 s)
+//! cargo bench -p volcano --bench waiting -- long      # requests per waiter-minute over 10 minutes (~10 min)
+//! cargo bench -p volcano --bench waiting -- fleets    # 16 waiters on 1 key, 4 keys x 8, per minute (~3 min)
+//! cargo bench -p volcano --bench waiting -- renewals  # renewals per held lock-minute, ttl 15/30/60 s (~2 min)
+//! cargo bench -p volcano --bench waiting              # all but long
 //! ```
 
 use std::sync::{Arc, Mutex};

@@ -37,11 +37,21 @@
 //! a future to spawn. To test your code, the `mock` feature brings the
 //! in-process mock server (`volcano::mock`, `Client::for_mock`).
 //!
-//! Features: `tls-aws-lc-rs` (default) or `tls-ring` choose rustls's
-//! crypto provider; certificates are checked against the OS trust store and
-//! the standard proxy variables are honoured (the README's "TLS, proxies and
-//! your own HTTP client" says why aws-lc-rs is the default). `metrics`,
-//! `mock` and `cli` are described where they apply.
+//! Features (`volcano = { version = "0.1", features = [..] }`):
+//!
+//! - `tls-aws-lc-rs` (default) or `tls-ring`: rustls's crypto provider.
+//!   Certificates are checked against the OS trust store and the standard
+//!   proxy variables are honoured; [the README's "TLS, proxies and your own
+//!   HTTP client"](https://github.com/volcano-locks/volcano#tls-proxies-and-your-own-http-client)
+//!   says why aws-lc-rs is the default.
+//! - `mock`: `volcano::mock`, the in-process mock server (its page is the
+//!   testing guide), and `Client::for_mock`. Under `[dev-dependencies]`.
+//! - `metrics`: counters, histograms and a gauge through the `metrics`
+//!   facade; [names and labels in the
+//!   README](https://github.com/volcano-locks/volcano#behaviour-worth-knowing).
+//! - `cli`: the `volcano` admin command (`cargo install volcano --features
+//!   cli`); [its guide and exit
+//!   codes](https://github.com/volcano-locks/volcano#waiting-and-the-admin-cli).
 //!
 //! What a lease cannot promise: a process can pause (GC, swap, suspend)
 //! past its expiry and keep running. The service then hands the lock to
@@ -124,15 +134,17 @@ const _: () = {
     send_sync_static::<LockLease>();
 };
 
-/// The in-process mock of the lock service, to test your own code against
-/// (feature `mock`): the `volcano-mock-server` crate, re-exported. Pair it
-/// with [`Client::for_mock`]; see `docs/testing.md`.
+// The in-process mock of the lock service (the `volcano-mock-server`
+// crate, re-exported), with the testing guide as its page.
 #[cfg(feature = "mock")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mock")))]
-#[doc(inline)]
-pub use volcano_mock_server as mock;
+pub mod mock {
+    #![doc = include_str!("../docs/testing.md")]
+    #[doc(inline)]
+    pub use volcano_mock_server::*;
+}
 
-/// Hooks for the micro-benchmarks (`cargo bench --features bench --bench
+/// Hooks for the micro-benchmarks (`cargo bench -p volcano --features bench --bench
 /// micro`): the SDK's own decoders and request building, run on the real
 /// operation types. Only the `bench` feature compiles them; not part of the
 /// API and not covered by semver.

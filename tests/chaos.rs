@@ -16,7 +16,7 @@
 //! `VOLCANO_CHAOS_SECS` (default 30) sets the length, `VOLCANO_CHAOS_SEED`
 //! replays a run. It is left out of the default `cargo test` (a 30 s run
 //! on 2 cores); `.ci/run` runs it as its own step:
-//! `cargo test --test chaos -- --ignored`.
+//! `cargo test -p volcano --all-features --test chaos -- --ignored`.
 
 mod common;
 
@@ -162,7 +162,7 @@ fn env_u64(name: &str) -> Option<u64> {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-#[ignore = "a timed chaos run; .ci/run runs it on its own: cargo test --test chaos -- --ignored"]
+#[ignore = "a timed chaos run; .ci/run runs it on its own: cargo test -p volcano --all-features --test chaos -- --ignored"]
 async fn chaos_keeps_mutual_exclusion() {
     let seconds = env_u64("VOLCANO_CHAOS_SECS").unwrap_or(30);
     let seed = env_u64("VOLCANO_CHAOS_SEED").unwrap_or_else(rand::random);

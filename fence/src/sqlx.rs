@@ -146,7 +146,7 @@ pub async fn check_in(
 /// the check and the `BEGIN` go in one round trip, which saves the
 /// check's own round trip over a network. (On a local socket it costs
 /// about what [`check`] does: the server plans the statement on every
-/// call; docs/benchmarks.md section 8.) The same rule as [`check`]: the
+/// call; [benchmarks, section 8](https://github.com/volcano-locks/volcano/blob/main/docs/benchmarks.md#8-the-fence-check-in-postgresql).) The same rule as [`check`]: the
 /// transaction holds the resource's row lock until it ends. When the
 /// check fails (stale, or any other error) no transaction is left open on
 /// `conn`.

@@ -129,7 +129,7 @@ async fn valid(tx: &Transaction<'_>, resource: &str) -> Result<(), Error> {
 /// transactions of the client it was prepared on.
 ///
 /// It can also be pipelined with the write, which then costs little more
-/// than the write alone (docs/benchmarks.md section 8): the server runs
+/// than the write alone ([benchmarks, section 8](https://github.com/volcano-locks/volcano/blob/main/docs/benchmarks.md#8-the-fence-check-in-postgresql)): the server runs
 /// the check first, and when it is refused the transaction is aborted by
 /// that statement, before the write, even when the caller ignores the
 /// error and commits. A resource's first write is serialized like any

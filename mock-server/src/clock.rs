@@ -26,7 +26,8 @@ fn limit() -> DateTime<Utc> {
 /// ```no_run
 /// # async fn demo() {
 /// use std::time::Duration;
-/// let server = volcano_mock_server::MockServer::start().await;
+/// # use volcano_mock_server::MockServer;
+/// let server = MockServer::start().await;
 /// let err = server.try_advance(Duration::MAX).unwrap_err();
 /// println!("{err} (limit {})", err.limit());
 /// # }

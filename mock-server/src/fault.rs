@@ -59,7 +59,7 @@ pub enum FaultKind {
 ///
 /// ```
 /// use std::time::Duration;
-/// use volcano_mock_server::{Fault, Operation};
+/// # use volcano_mock_server::{Fault, Operation};
 /// let fault = Fault::status(503).on(Operation::Renew).times(2);
 /// let slow = Fault::delay(Duration::from_millis(1500)).on(Operation::Any);
 /// // Applied at once, answered two seconds later: a client that gives up

@@ -40,11 +40,11 @@
 //! `DELETE /__mock/faults`, `POST /__mock/advance` (`{"seconds": 31}`; 400
 //! for a negative or invalid number, or one past the clock's limit),
 //! `GET /__mock/requests`, `GET /__mock/locks`, `POST /__mock/reset`.
-//!
-//! Inside, the files are floors, each importing only from those before it:
-//! `sync`, `clock`, `reject` → `state` → `fault` → `fault_store`,
-//! `journal`, `quota` → `shared` → `conn`, `request` → `builder`,
-//! `controls`, `lock_api` → `router` → this file.
+
+// Inside, the files are floors, each importing only from those before it:
+// `sync`, `clock`, `reject` → `state` → `fault` → `fault_store`,
+// `journal`, `quota` → `shared` → `conn`, `request` → `builder`,
+// `controls`, `lock_api` → `router` → this file.
 
 mod builder;
 mod clock;
@@ -103,7 +103,8 @@ impl MockServer {
     ///
     /// ```no_run
     /// # async fn demo() {
-    /// let server = volcano_mock_server::MockServer::builder()
+    /// # use volcano_mock_server::MockServer;
+    /// let server = MockServer::builder()
     ///     .port(8000)
     ///     .service_key("my-service-key")
     ///     .rate_limit(600)
@@ -156,7 +157,8 @@ impl MockServer {
     /// ```no_run
     /// # async fn demo() {
     /// use std::time::Duration;
-    /// let server = volcano_mock_server::MockServer::start().await;
+    /// # use volcano_mock_server::MockServer;
+    /// let server = MockServer::start().await;
     /// let now = server.try_advance(Duration::from_secs(31)).unwrap();
     /// assert!(server.try_advance(Duration::MAX).is_err());
     /// # let _ = now; }
@@ -192,7 +194,7 @@ impl MockServer {
     ///
     /// ```
     /// # async fn demo() {
-    /// use volcano_mock_server::{Fault, InvalidFault, MockServer};
+    /// # use volcano_mock_server::{Fault, InvalidFault, MockServer};
     /// let server = MockServer::start().await;
     /// let refused = server.try_inject(Fault::status(101));
     /// assert_eq!(refused, Err(InvalidFault::Status(101)));
@@ -223,7 +225,7 @@ impl MockServer {
     /// ```no_run
     /// # async fn demo() {
     /// use std::time::Duration;
-    /// use volcano_mock_server::{Fault, MockServer, Operation};
+    /// # use volcano_mock_server::{Fault, MockServer, Operation};
     /// let server = MockServer::start().await;
     /// server.inject(Fault::status(409).on(Operation::Renew));
     /// // ... start the code under test, which holds a lock ...
