@@ -1,7 +1,10 @@
 //! Every retry question answered in one place: which outcomes are worth
-//! another attempt, how long to back off, and whether an attempt still
-//! fits its window. The transport (acquire's single retry), releases,
-//! renewals and waiting acquires all ask here.
+//! another attempt, how long to back off, whether an attempt still fits
+//! its window, and every number of the policies that use them: when a
+//! lease is renewed and how late its last attempt may go ([`renewal`]), how
+//! hard a release tries ([`release`]), how a waiter paces its tries and
+//! honours a 429 ([`wait`]). The transport (acquire's single retry),
+//! releases, renewals and waiting acquires all ask here.
 //!
 //! | outcome | acquire | waiting acquire | renewal | release |
 //! |---|---|---|---|---|
@@ -31,8 +34,9 @@ const BACKOFF_MIN: Duration = Duration::from_millis(100);
 /// Worth another attempt by a renewal or a release: no answer, 429, the
 /// 5xx statuses a healthy service or proxy sends while it recovers, and a
 /// success status whose body could not be used (the request may have been
-/// applied).
-pub(crate) fn is_transient(err: &Error) -> bool {
+/// applied). Wider than [`Error::is_transient`], which leaves out the
+/// unusable success: a caller cannot tell whether it was applied.
+pub(crate) fn worth_another_attempt(err: &Error) -> bool {
     err.is_transient() || matches!(err, Error::InvalidResponse(_))
 }
 
@@ -88,6 +92,96 @@ pub(crate) fn fits(left: Duration) -> bool {
     left >= MIN_ATTEMPT
 }
 
+/// Renewal: when a held lease is renewed, and how its attempts are paced.
+pub(crate) mod renewal {
+    use std::time::Duration;
+
+    /// The server needs a renewal more than this long before expiry.
+    pub(crate) const SAFETY_MARGIN: Duration = Duration::from_secs(1);
+    /// Time allowed for one renewal request to arrive.
+    pub(crate) const REQUEST_BUDGET: Duration = Duration::from_secs(1);
+    /// Renewals are never further apart than this.
+    pub(crate) const MAX_DELAY: Duration = Duration::from_secs(60);
+    /// Time a renewal keeps before the deadline for its retries, when the
+    /// ttl leaves room for it: the first attempt comes at about half the
+    /// ttl, or earlier to keep this much (ttl/3 at the earliest).
+    pub(crate) const RETRY_ROOM: Duration = Duration::from_secs(10);
+    /// A pause cut short to fit the window leaves the last attempt this
+    /// long.
+    pub(crate) const LAST_ATTEMPT: Duration = Duration::from_millis(500);
+    /// The longest pause between a renewal's attempts
+    /// ([`backoff`](super::backoff) from 100 ms).
+    pub(crate) const BACKOFF_MAX: Duration = Duration::from_secs(2);
+}
+
+/// Release: how hard one release tries before it reports a failure.
+pub(crate) mod release {
+    use std::time::Duration;
+
+    /// A release the caller waits for: this many attempts within one
+    /// client timeout ...
+    pub(crate) const FOREGROUND_ATTEMPTS: usize = 3;
+    /// ... with pauses of at most this.
+    pub(crate) const FOREGROUND_BACKOFF_MAX: Duration = Duration::from_secs(2);
+    /// A release nobody waits for tries until the lease can no longer be
+    /// live, backing off to this so that a struggling service is not
+    /// hammered.
+    pub(crate) const BACKGROUND_BACKOFF_MAX: Duration = Duration::from_secs(30);
+}
+
+/// Waiting for a held lock: the ramp of its tries, the look at the
+/// takeover moment, 429s, and the deadline.
+pub(crate) mod wait {
+    use std::time::Duration;
+
+    /// The shortest poll interval a caller may ask for.
+    pub(crate) const POLL_MIN: Duration = Duration::from_millis(100);
+    /// The interval between tries, as a share of the time waited so far: a
+    /// release is noticed within that share of the wait.
+    pub(crate) const RAMP_RATIO: f64 = 0.3;
+    /// The interval between tries at the start of a wait (or the poll
+    /// interval, if shorter).
+    pub(crate) const RAMP_FLOOR: Duration = Duration::from_millis(300);
+    /// The default poll interval: once its ramp has grown, a waiter tries
+    /// about six times a minute, plus a look per holder's lease period
+    /// (docs/benchmarks.md).
+    pub(crate) const DEFAULT_POLL: Duration = Duration::from_secs(10);
+    /// The longest poll interval used: a larger one (`Duration::MAX` for
+    /// "do not poll") polls once a day.
+    pub(crate) const MAX_POLL: Duration = Duration::from_secs(86_400);
+    /// The service's takeover grace after `expires_at`.
+    pub(crate) const TAKEOVER_GRACE: Duration = Duration::from_secs(1);
+    /// A look comes this long after the takeover moment (the server's
+    /// grace ends exactly there), plus up to [`LOOK_SPREAD`].
+    pub(crate) const LOOK_AFTER: Duration = Duration::from_millis(100);
+    /// See [`LOOK_AFTER`].
+    pub(crate) const LOOK_SPREAD: Duration = Duration::from_millis(500);
+    /// The longest `Retry-After` a waiter honours: the service's quota
+    /// window is a minute; a proxy's maintenance answer may name hours,
+    /// and a waiter should not sleep through the service's recovery. After
+    /// a 429 the waiter pauses past the window it names, plus a jitter of
+    /// up to one poll interval (so a fleet does not fire at the window's
+    /// first second), then polls at the poll interval.
+    pub(crate) const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
+    /// How long past the deadline a try already in flight may take to
+    /// answer.
+    pub(crate) const ANSWER_GRACE: Duration = Duration::from_secs(2);
+    /// How long before its deadline a waiter behind another of its client
+    /// makes its one try of its own.
+    pub(crate) const LAST_TRY_LEAD: Duration = Duration::from_millis(500);
+    /// How long the tries of a wait fail without an answer (the service is
+    /// unreachable or failing) before it is said at WARN, once per episode.
+    pub(crate) const WARN_UNANSWERED_AFTER: Duration = Duration::from_secs(30);
+
+    /// The ramp's interval, without jitter, `waited` into a wait.
+    pub(crate) fn ramp(waited: Duration, poll_interval: Duration) -> Duration {
+        waited
+            .mul_f64(RAMP_RATIO)
+            .max(RAMP_FLOOR)
+            .min(poll_interval)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -105,10 +199,10 @@ mod tests {
     #[test]
     fn the_table_holds() {
         for status in [429, 500, 502, 503, 504] {
-            assert!(is_transient(&answer(status)), "{status}");
+            assert!(worth_another_attempt(&answer(status)), "{status}");
         }
         for status in [400, 401, 403, 404, 409, 501, 418] {
-            assert!(!is_transient(&answer(status)), "{status}");
+            assert!(!worth_another_attempt(&answer(status)), "{status}");
         }
         assert!(retries_acquire(&answer(503)));
         for status in [429, 500, 502, 504, 409] {

@@ -8,11 +8,8 @@ use super::{release, wait, Common, Locks};
 use crate::error::{Error, Result};
 use crate::lease::LockLease;
 use crate::ops;
+use crate::retry::wait::LAST_TRY_LEAD;
 use crate::validate;
-
-/// How long before its deadline a waiter behind another of its client
-/// makes its one try of its own.
-const LAST_TRY_LEAD: Duration = Duration::from_millis(500);
 
 /// A lease as a guard needs it: when it was asked for, and what the server
 /// granted by its own clock.
@@ -269,7 +266,9 @@ impl Acquire {
                     .await
             }
             Some(timeout) => {
-                let poll = self.poll_interval.unwrap_or(wait::DEFAULT_POLL);
+                let poll = self
+                    .poll_interval
+                    .unwrap_or(crate::retry::wait::DEFAULT_POLL);
                 let waiter = wait::Waiter::new(timeout, poll);
                 self.wait_for(waiter, ttl, &token, &request_id, &mut undo)
                     .await

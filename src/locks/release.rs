@@ -39,8 +39,8 @@ impl Persistence {
     pub(crate) fn foreground(locks: &Locks) -> Self {
         Persistence {
             budget: locks.client().timeout(),
-            attempts: 3,
-            max_backoff: Duration::from_secs(2),
+            attempts: retry::release::FOREGROUND_ATTEMPTS,
+            max_backoff: retry::release::FOREGROUND_BACKOFF_MAX,
         }
     }
 
@@ -51,7 +51,7 @@ impl Persistence {
         Persistence {
             budget: live_for.max(locks.client().timeout()),
             attempts: usize::MAX,
-            max_backoff: Duration::from_secs(30),
+            max_backoff: retry::release::BACKGROUND_BACKOFF_MAX,
         }
     }
 }
@@ -117,7 +117,7 @@ pub(crate) async fn confirmed(
                 );
                 return Ok(Ended::Released);
             }
-            Err(err) if retry::is_transient(&err) => err,
+            Err(err) if retry::worth_another_attempt(&err) => err,
             Err(err) => return Err(failed(err)),
         };
         uncertain |= err.may_have_applied();
@@ -194,7 +194,7 @@ pub(crate) async fn let_go(locks: &Locks, lease: &LockLease, live_for: Duration)
         }
         Err(Failed { err, .. }) => err,
     };
-    if retry::is_transient(&err) {
+    if retry::worth_another_attempt(&err) {
         in_background(
             locks,
             lease.clone(),

@@ -7,8 +7,8 @@
 //! that sends r requests a second notices a graceful release after 1/(2r)
 //! on average, whatever it does: so a waiter spends its requests early.
 //! The interval between its tries is a ramp on the time it has waited:
-//! [`RAMP_RATIO`] of it (jittered down by up to a tenth), at least
-//! [`RAMP_FLOOR`], at most the poll interval (default [`DEFAULT_POLL`],
+//! [`RAMP_RATIO`](crate::retry::wait::RAMP_RATIO) of it (jittered down by up to a tenth), at least
+//! [`RAMP_FLOOR`](crate::retry::wait::RAMP_FLOOR), at most the poll interval (default [`DEFAULT_POLL`](crate::retry::wait::DEFAULT_POLL),
 //! `.poll_interval(d)`). A release is then noticed within 30 % of the time
 //! already waited (0.3 s at first), and a wait that lasts costs one try
 //! per poll interval: a few requests more per wait, not per minute.
@@ -47,19 +47,11 @@ use tokio::time::Instant;
 
 use crate::error::Error;
 use crate::retry;
+use crate::retry::wait::{
+    ramp, ANSWER_GRACE, LOOK_AFTER, LOOK_SPREAD, MAX_POLL, MAX_RETRY_AFTER, POLL_MIN,
+    TAKEOVER_GRACE, WARN_UNANSWERED_AFTER,
+};
 
-/// The shortest poll interval a caller may ask for.
-pub(crate) const POLL_MIN: Duration = Duration::from_millis(100);
-/// The interval between tries, as a share of the time waited so far: a
-/// release is noticed within that share of the wait.
-pub(crate) const RAMP_RATIO: f64 = 0.3;
-/// The interval between tries at the start of a wait (or the poll
-/// interval, if shorter).
-pub(crate) const RAMP_FLOOR: Duration = Duration::from_millis(300);
-/// The default poll interval: once its ramp has grown, a waiter tries
-/// about six times a minute, plus a look per holder's lease period
-/// (docs/benchmarks.md).
-pub(crate) const DEFAULT_POLL: Duration = Duration::from_secs(10);
 /// What a look at the holder (`get`) found.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct Holder {
@@ -68,14 +60,6 @@ pub(crate) struct Holder {
     /// The answer's `Date`: the server's clock when it answered.
     pub(crate) date: Option<chrono::DateTime<Utc>>,
 }
-
-/// A look comes this long after the takeover moment (the server's grace
-/// ends exactly there), plus up to [`LOOK_SPREAD`].
-const LOOK_AFTER: Duration = Duration::from_millis(100);
-const LOOK_SPREAD: Duration = Duration::from_millis(500);
-/// The longest poll interval used: a larger one (`Duration::MAX` for "do
-/// not poll") polls once a day.
-const MAX_POLL: Duration = Duration::from_secs(86_400);
 
 /// Checks a caller's poll interval.
 pub(crate) fn check_poll_interval(poll: Duration) -> crate::error::Result<()> {
@@ -87,16 +71,6 @@ pub(crate) fn check_poll_interval(poll: Duration) -> crate::error::Result<()> {
     }
     Ok(())
 }
-
-/// The service's takeover grace after `expires_at`.
-const TAKEOVER_GRACE: Duration = Duration::from_secs(1);
-/// The longest `Retry-After` a waiter honours: the service's quota window
-/// is a minute; a proxy's maintenance answer may name hours, and a waiter
-/// should not sleep through the service's recovery.
-const MAX_RETRY_AFTER: Duration = Duration::from_secs(60);
-
-/// How long past the deadline a try already in flight may take to answer.
-pub(crate) const ANSWER_GRACE: Duration = Duration::from_secs(2);
 
 /// When a try may start and by when its answer is due; unbounded by
 /// default (a plain acquire).
@@ -153,10 +127,6 @@ pub(crate) struct Waiter {
     failing_since: Option<Instant>,
     warned: bool,
 }
-
-/// How long the tries of a wait fail without an answer (the service is
-/// unreachable or failing) before it is said at WARN, once per episode.
-pub(crate) const WARN_UNANSWERED_AFTER: Duration = Duration::from_secs(30);
 
 /// What a wait's logs say of a failed try.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -395,8 +365,8 @@ impl Waiter {
         after + spread.mul_f64(crate::random::unit())
     }
 
-    /// The pause before the next try: [`RAMP_RATIO`] of the time waited,
-    /// within [[`RAMP_FLOOR`], poll interval], jittered down by up to a
+    /// The pause before the next try: [`RAMP_RATIO`](crate::retry::wait::RAMP_RATIO) of the time waited,
+    /// within [[`RAMP_FLOOR`](crate::retry::wait::RAMP_FLOOR), poll interval], jittered down by up to a
     /// tenth while it grows (never up: the pause is the longest a release
     /// goes unseen), ±5 % once at the poll interval.
     /// A wait without a deadline (a leader's campaign, a standby) polls
@@ -420,14 +390,6 @@ impl Waiter {
             _ => self.poll_interval.mul_f64(0.9 + 0.2 * u),
         }
     }
-}
-
-/// The ramp's interval, without jitter, `waited` into a wait.
-pub(crate) fn ramp(waited: Duration, poll_interval: Duration) -> Duration {
-    waited
-        .mul_f64(RAMP_RATIO)
-        .max(RAMP_FLOOR)
-        .min(poll_interval)
 }
 
 #[cfg(test)]

@@ -89,7 +89,7 @@ impl LockGuard {
     /// # }
     /// ```
     pub async fn lost(&self) {
-        self.state.wait_lost().await
+        self.state.wait_lost().await;
     }
 
     /// The lost-ownership channel: `false` while held, `true` once lost,

@@ -11,8 +11,8 @@ use tracing::Instrument;
 use super::handle::LockGuard;
 use super::held::Hold;
 use crate::error::{Error, LostReason};
-use crate::locks::wait::DEFAULT_POLL;
 use crate::locks::{Acquire, Locks, Owner};
+use crate::retry::wait::DEFAULT_POLL;
 use crate::validate;
 
 type Signal = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;

@@ -28,15 +28,8 @@ mod set;
 mod state;
 mod with_lock;
 
-use std::time::Duration;
-
 pub use handle::LockGuard;
 pub use held::{HeldLock, Hold};
 pub use leader::Leader;
 pub use set::{HeldLocks, HoldAll, LockSet, WithLocks};
 pub use with_lock::{TryWithLock, WithLock};
-
-/// The server needs a renewal more than this long before expiry.
-const SAFETY_MARGIN: Duration = Duration::from_secs(1);
-/// Time allowed for one renewal request to arrive.
-const REQUEST_BUDGET: Duration = Duration::from_secs(1);

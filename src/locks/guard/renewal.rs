@@ -10,16 +10,13 @@ use tokio::task::JoinHandle;
 use tracing::Instrument;
 
 use super::state::State;
-use super::SAFETY_MARGIN;
+
 use crate::error::{Error, LockLost, LostReason};
 use crate::lease::LockLease;
 use crate::locks::{Locks, Measured};
-use crate::retry::{self, is_transient};
+use crate::retry::renewal::{BACKOFF_MAX, LAST_ATTEMPT, SAFETY_MARGIN};
+use crate::retry::{self, worth_another_attempt};
 use crate::validate;
-
-/// A pause cut short to fit the window leaves the last attempt this long.
-const LAST_ATTEMPT: Duration = Duration::from_millis(500);
-const BACKOFF_MAX: Duration = Duration::from_secs(2);
 
 /// Renews until it succeeds, the lease is definitively refused, or no
 /// attempt can arrive in time. Each attempt's timeout ends where the safe
@@ -30,8 +27,8 @@ pub(super) async fn renew_in_window(state: &State, locks: &Locks) -> Result<(), 
     let mut retrying = Retrying::new();
     let mut tally = Tally::new(state);
     loop {
-        if state.check() {
-            return Err(state.failure().expect("a checked loss is recorded"));
+        if let Some(loss) = state.loss() {
+            return Err(loss);
         }
         let renew_by = state.deadline().saturating_sub(SAFETY_MARGIN);
         let budget = renew_by.saturating_sub(state.clock.now());
@@ -54,7 +51,7 @@ pub(super) async fn renew_in_window(state: &State, locks: &Locks) -> Result<(), 
                 );
                 return state.renewed(renewed);
             }
-            Err(err) if is_transient(&err) => err,
+            Err(err) if worth_another_attempt(&err) => err,
             Err(err) => {
                 tally.settle("failed");
                 return Err(
@@ -80,9 +77,7 @@ pub(super) async fn renew_in_window(state: &State, locks: &Locks) -> Result<(), 
             "renewal failed; retrying"
         );
         retrying.last_error = Some(err);
-        if !state.sleep_while_held(state.clock.now() + wait).await {
-            return Err(state.failure().expect("a checked loss is recorded"));
-        }
+        state.sleep_while_held(state.clock.now() + wait).await?;
     }
 }
 
@@ -281,7 +276,7 @@ impl Drop for LiveRenewal {
 /// or the task is aborted.
 async fn renewal_task(state: Arc<State>, locks: Locks, mut next_at: Duration, _live: LiveRenewal) {
     loop {
-        if !state.sleep_while_held(next_at).await {
+        if state.sleep_while_held(next_at).await.is_err() {
             break;
         }
         // Each request's timeout ends before the deadline on the runtime's
@@ -293,9 +288,7 @@ async fn renewal_task(state: Arc<State>, locks: Locks, mut next_at: Duration, _l
             tokio::select! {
                 biased;
                 renewed = renew_in_window(&state, &locks) => renewed,
-                () = state.lost_behind_timers() => {
-                    Err(state.failure().expect("a loss is recorded"))
-                }
+                loss = state.lost_behind_timers() => Err(loss),
             }
         })
         .await;

@@ -17,7 +17,7 @@ use tokio::time::Instant;
 
 use super::handle::LockGuard;
 use super::held::{HeldLock, Hold};
-use super::with_lock::CatchUnwind;
+use super::with_lock::{outcome_of, CatchUnwind};
 use crate::error::{Error, LockLost, Result};
 use crate::locks::{Acquire, Locks};
 use crate::validate;
@@ -373,15 +373,7 @@ where
             let held = all.await.map_err(E::from)?;
             let outcome = CatchUnwind(Box::pin(f(held.set()))).await;
             let (loss, released) = held.finish().await;
-            match outcome {
-                Err(panic) => std::panic::resume_unwind(panic),
-                Ok(Err(err)) => Err(err),
-                Ok(Ok(value)) => match (loss, released) {
-                    (Some(lost), _) => Err(E::from(Error::LockLost(lost))),
-                    (None, Err(err)) => Err(E::from(err)),
-                    (None, Ok(())) => Ok(value),
-                },
-            }
+            outcome_of(outcome, loss, released, E::from)
         })
     }
 }

@@ -6,19 +6,15 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::{REQUEST_BUDGET, SAFETY_MARGIN};
 use crate::clock::{Jumps, LeaseClock};
 use crate::error::{LockLost, LostReason};
 use crate::lease::LockLease;
 use crate::locks::{release, Locks, Measured};
 use crate::realtime::{Stopwatch, PAUSED_CLOCK};
+use crate::retry::renewal::{
+    MAX_DELAY as MAX_RENEW_DELAY, REQUEST_BUDGET, RETRY_ROOM, SAFETY_MARGIN,
+};
 use crate::validate;
-
-/// Renewals are never further apart than this.
-const MAX_RENEW_DELAY: Duration = Duration::from_secs(60);
-/// Time a renewal keeps before the deadline for its retries, when the ttl
-/// leaves room for it.
-const RETRY_ROOM: Duration = Duration::from_secs(10);
 
 /// Delay before the next renewal: about half the ttl, as long as that
 /// leaves [`RETRY_ROOM`] of the time `remaining` for retries, else ttl/3
@@ -192,30 +188,37 @@ impl State {
         }
     }
 
-    /// Lost, past the deadline (which records the expiry now), or past the
-    /// max hold time (recorded as such). Reads the clock itself, so it
-    /// holds even when no task has run.
+    /// Whether the lock is lost: see [`State::loss`].
     pub(super) fn check(&self) -> bool {
+        self.loss().is_some()
+    }
+
+    /// The loss, if the lock is lost: marked, past the deadline (which
+    /// records the expiry now), or past the max hold time (recorded as
+    /// such). Reads the clock itself, so it holds even when no task has
+    /// run. The loss returned is the one recorded: the first wins.
+    pub(super) fn loss(&self) -> Option<LockLost> {
         let (deadline, tried) = {
             let current = self.current();
-            if current.failure.is_some() {
-                return true;
+            if let Some(failure) = &current.failure {
+                return Some(failure.clone());
             }
             (current.deadline, current.renewal_tried)
         };
         // An expiry first: past its deadline the lease may be another's,
         // whatever the cap says.
         let now = self.clock.now();
-        if now >= deadline {
+        let found = if now >= deadline {
             let detail = if tried { RENEWAL_TOO_LATE } else { JUMPED };
-            self.mark(LockLost::new(self.key.clone(), LostReason::Expired).with_detail(detail));
-            return true;
-        }
-        if self.max_hold.as_ref().is_some_and(|cap| now >= cap.at) {
-            self.mark(LockLost::new(self.key.clone(), LostReason::MaxHold));
-            return true;
-        }
-        false
+            LockLost::new(self.key.clone(), LostReason::Expired).with_detail(detail)
+        } else if self.max_hold.as_ref().is_some_and(|cap| now >= cap.at) {
+            LockLost::new(self.key.clone(), LostReason::MaxHold)
+        } else {
+            return None;
+        };
+        self.mark(found.clone());
+        // Another loss may have been recorded first, meanwhile.
+        Some(self.failure().unwrap_or(found))
     }
 
     /// The lease-clock reading at which the lock ends by itself: its
@@ -266,20 +269,20 @@ impl State {
         self.clock.now() + self.next_delay()
     }
 
-    /// Waits until the lease clock reads `until`; false if the lock was lost
-    /// meanwhile. Wakes early only when the lock is lost, marked, or the
+    /// Waits until the lease clock reads `until`; the loss if the lock was
+    /// lost meanwhile. Wakes early only when the lock is lost, marked, or the
     /// clock jumps (a suspend): no periodic look at the deadline.
-    pub(super) async fn sleep_while_held(&self, until: Duration) -> bool {
+    pub(super) async fn sleep_while_held(&self, until: Duration) -> Result<(), LockLost> {
         let mut lost = self.lost.subscribe();
         loop {
             // Watch first, then read the clock: a jump in between still wakes.
             let mut jumps = self.jumps();
-            if self.check() {
-                return false;
+            if let Some(loss) = self.loss() {
+                return Err(loss);
             }
             let now = self.clock.now();
             if now >= until {
-                return true;
+                return Ok(());
             }
             let wake = until.min(self.ends_at()).saturating_sub(now);
             let stopwatch = Stopwatch::start();
@@ -309,28 +312,32 @@ impl State {
     /// foresee: it is marked, or the clock jumps (from then on the deadline
     /// is watched as [`State::wait_lost`] does). Without a jump a timer set
     /// before the deadline fires before it, so no timer is needed here.
-    pub(super) async fn lost_behind_timers(&self) {
+    pub(super) async fn lost_behind_timers(&self) -> LockLost {
         let mut lost = self.lost.subscribe();
         let mut jumps = self.jumps();
-        if self.check() {
-            return;
+        if let Some(loss) = self.loss() {
+            return loss;
         }
         // The cap is not bounded by any request's timeout: a timer for it.
         let cap = self.max_hold.as_ref().map(|cap| cap.at);
         let until_cap = cap.map_or(Duration::MAX, |at| at.saturating_sub(self.clock.now()));
         tokio::select! {
             biased;
-            _ = lost.changed() => return,
+            _ = lost.changed() => {}
             () = jumps.next() => {}
             () = tokio::time::sleep(until_cap), if cap.is_some() => {}
         }
-        self.wait_lost().await;
+        self.wait_lost().await
     }
 
     /// Completes when the lock is lost: marked, or its deadline passed (the
-    /// expiry is recorded then).
-    pub(super) async fn wait_lost(&self) {
-        self.sleep_while_held(Duration::MAX).await;
+    /// expiry is recorded then), with the loss.
+    pub(super) async fn wait_lost(&self) -> LockLost {
+        loop {
+            if let Err(loss) = self.sleep_while_held(Duration::MAX).await {
+                return loss;
+            }
+        }
     }
 }
 

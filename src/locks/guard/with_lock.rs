@@ -309,9 +309,7 @@ where
                 tokio::select! {
                     biased;
                     result = work => result,
-                    _ = lost_guard.lost() => Err(into_err(Error::LockLost(
-                        lost_guard.failure().expect("a loss is recorded"),
-                    ))),
+                    loss = lost_guard.state.wait_lost() => Err(into_err(Error::LockLost(loss))),
                 }
             } else {
                 work.await
@@ -320,15 +318,27 @@ where
         .await;
         let (loss, released) = Box::pin(held.finish()).await;
 
-        match outcome {
-            Err(panic) => std::panic::resume_unwind(panic),
-            Ok(Err(err)) => Err(err),
-            Ok(Ok(value)) => match (loss, released) {
-                (Some(lost), _) => Err(into_err(Error::LockLost(lost))),
-                (None, Err(err)) => Err(into_err(err)),
-                (None, Ok(())) => Ok(Some(value)),
-            },
-        }
+        outcome_of(outcome, loss, released, into_err).map(Some)
+    }
+}
+
+/// A scope's result, once its lease was let go: a panic in the closure
+/// goes on; the closure's error wins; else the loss; else the release's
+/// error; else the value.
+pub(super) fn outcome_of<T, E>(
+    ran: std::result::Result<std::result::Result<T, E>, Box<dyn Any + Send>>,
+    loss: Option<crate::LockLost>,
+    released: crate::error::Result<()>,
+    into_err: impl FnOnce(Error) -> E,
+) -> std::result::Result<T, E> {
+    match ran {
+        Err(panic) => std::panic::resume_unwind(panic),
+        Ok(Err(err)) => Err(err),
+        Ok(Ok(value)) => match (loss, released) {
+            (Some(lost), _) => Err(into_err(Error::LockLost(lost))),
+            (None, Err(err)) => Err(into_err(err)),
+            (None, Ok(())) => Ok(value),
+        },
     }
 }
 
