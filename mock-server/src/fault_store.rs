@@ -2,7 +2,6 @@
 //! were injected, and the matching that plans what applies to one request
 //! ([`Planned`]). The specs themselves, and their checks, are `fault`.
 
-use std::collections::HashMap;
 use std::sync::Mutex;
 use std::time::Duration;
 
@@ -35,47 +34,12 @@ pub(crate) struct Planned {
     pub(crate) action: Option<FaultKind>,
 }
 
-/// The injected faults, consumed in the order they were injected, indexed
-/// by operation and key: a request looks only at the faults that can apply
-/// to it (its operation's and `Any`'s, for its key and for every key).
+/// The injected faults, in the order they were injected: a plain list (it
+/// holds at most [`MAX_FAULTS`]). With none, a request costs one look at
+/// its length.
 #[derive(Default)]
 pub(crate) struct Faults {
-    index: Mutex<Index>,
-}
-
-#[derive(Default)]
-struct Index {
-    /// Injection order.
-    next: u64,
-    len: usize,
-    /// One bucket per [`Operation`], `Any` included.
-    buckets: [Bucket; 6],
-}
-
-#[derive(Default)]
-struct Bucket {
-    every_key: Vec<Entry>,
-    by_key: HashMap<String, Vec<Entry>>,
-}
-
-struct Entry {
-    seq: u64,
-    fault: Fault,
-}
-
-/// One of the four lists that can apply to a request: a bucket, and its
-/// every-key list (`false`) or its list for the request's key (`true`).
-type ListId = (usize, bool);
-
-fn bucket(op: Operation) -> usize {
-    match op {
-        Operation::Acquire => 0,
-        Operation::Renew => 1,
-        Operation::Release => 2,
-        Operation::Get => 3,
-        Operation::ForceRelease => 4,
-        Operation::Any => 5,
-    }
+    list: Mutex<Vec<Fault>>,
 }
 
 impl Planned {
@@ -109,103 +73,40 @@ impl Planned {
     }
 }
 
-impl Index {
-    /// The candidates of `lists` for `key`, in injection order: (sequence,
-    /// list, position).
-    fn in_order(&mut self, lists: &[ListId], key: &str) -> Vec<(u64, usize, usize)> {
-        let mut order = Vec::new();
-        for (n, &id) in lists.iter().enumerate() {
-            if let Some(list) = self.list(id, key) {
-                order.extend(list.iter().enumerate().map(|(i, e)| (e.seq, n, i)));
-            }
-        }
-        order.sort_unstable();
-        order
-    }
-
-    /// Drops the faults of `lists` that are used up, and empty key lists.
-    fn sweep(&mut self, lists: &[ListId], key: &str) {
-        let mut removed = 0;
-        for &id in lists {
-            if let Some(list) = self.list(id, key) {
-                let before = list.len();
-                list.retain(|e| e.fault.times != Some(0));
-                removed += before - list.len();
-            }
-            let bucket = &mut self.buckets[id.0];
-            if id.1 && bucket.by_key.get(key).is_some_and(Vec::is_empty) {
-                bucket.by_key.remove(key);
-            }
-        }
-        self.len -= removed;
-    }
-
-    fn list(&mut self, (bucket, keyed): ListId, key: &str) -> Option<&mut Vec<Entry>> {
-        let bucket = &mut self.buckets[bucket];
-        if keyed {
-            bucket.by_key.get_mut(key)
-        } else {
-            Some(&mut bucket.every_key)
-        }
-    }
-}
-
 impl Faults {
     pub(crate) fn push(&self, fault: Fault) -> Result<(), InvalidFault> {
         fault.validate()?;
-        let mut index = self.lock();
-        if index.len >= MAX_FAULTS {
+        let mut list = self.lock();
+        if list.len() >= MAX_FAULTS {
             return Err(InvalidFault::TooMany);
         }
-        let seq = index.next;
-        index.next += 1;
-        index.len += 1;
-        let bucket = &mut index.buckets[bucket(fault.operation)];
-        let list = match &fault.key {
-            Some(key) => bucket.by_key.entry(key.clone()).or_default(),
-            None => &mut bucket.every_key,
-        };
-        list.push(Entry { seq, fault });
+        list.push(fault);
         Ok(())
     }
 
     pub(crate) fn clear(&self) {
-        *self.lock() = Index::default();
+        self.lock().clear();
     }
 
     /// Takes what applies to this request: every matching delay and
     /// delay_response (each kind added up, saturating) and the first
-    /// matching other fault; each use counts against `times`.
+    /// matching other fault, in injection order; each use counts against
+    /// `times`, and a fault used up is dropped.
     pub(crate) fn plan(&self, op: Operation, key: &str) -> Planned {
-        let mut index = self.lock();
-        if index.len == 0 {
+        let mut list = self.lock();
+        if list.is_empty() {
             return Planned::default();
         }
-        let all: [ListId; 4] = [
-            (bucket(op), true),
-            (bucket(op), false),
-            (bucket(Operation::Any), true),
-            (bucket(Operation::Any), false),
-        ];
-        // A request always names its operation; `Any` would list twice.
-        let lists = if op == Operation::Any {
-            &all[2..]
-        } else {
-            &all[..]
-        };
         let mut planned = Planned::default();
-        for (_, n, i) in index.in_order(lists, key) {
-            let Some(entry) = index.list(lists[n], key).and_then(|l| l.get_mut(i)) else {
-                continue;
-            };
-            planned.take(&mut entry.fault, op, key);
+        for fault in list.iter_mut() {
+            planned.take(fault, op, key);
         }
-        index.sweep(lists, key);
+        list.retain(|fault| fault.times != Some(0));
         planned
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, Index> {
-        lock_unpoisoned(&self.index)
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Fault>> {
+        lock_unpoisoned(&self.list)
     }
 }
 
@@ -317,7 +218,7 @@ mod tests {
         assert_eq!(action(Operation::Get, "k"), Some(500));
         assert_eq!(action(Operation::Get, "k"), Some(429));
         assert_eq!(action(Operation::Get, "k"), None);
-        assert_eq!(faults.lock().len, 0, "used-up faults are gone");
+        assert_eq!(faults.lock().len(), 0, "used-up faults are gone");
     }
 
     #[test]
