@@ -180,36 +180,28 @@ pub(crate) fn http_date(time: DateTime<Utc>) -> HeaderValue {
 }
 
 fn format_http_date(time: DateTime<Utc>) -> HeaderValue {
-    const DAYS: [&[u8; 3]; 7] = [b"Thu", b"Fri", b"Sat", b"Sun", b"Mon", b"Tue", b"Wed"];
-    const MONTHS: [&[u8; 3]; 12] = [
-        b"Jan", b"Feb", b"Mar", b"Apr", b"May", b"Jun", b"Jul", b"Aug", b"Sep", b"Oct", b"Nov",
-        b"Dec",
-    ];
     const EPOCH: HeaderValue = HeaderValue::from_static("Thu, 01 Jan 1970 00:00:00 GMT");
-    // The clock never shows a year outside 0..=9999 in practice (it starts
-    // now and stops at 9000); IMF-fixdate has no form for others.
-    let Some(c) = Civil::of(time) else {
+    // httpdate writes the years 1970 to 9998 (and would panic on others);
+    // a clock started in an earlier year (the simulation may) goes through
+    // chrono. IMF-fixdate has no form for years past 9999 or before 0.
+    let secs = time.timestamp();
+    if (0..253_370_764_800).contains(&secs) {
+        // Whole seconds: a leap second (chrono's nanoseconds past 1e9) is
+        // still the 59th.
+        let whole = std::time::UNIX_EPOCH + std::time::Duration::from_secs(secs.unsigned_abs());
+        return HeaderValue::from_str(&httpdate::fmt_http_date(whole)).unwrap_or(EPOCH);
+    }
+    if !(0..=9999).contains(&chrono::Datelike::year(&time)) {
         return EPOCH;
-    };
-    let mut text = *b"Mon, 00 Jan 0000 00:00:00 GMT";
-    // 1970-01-01 was a Thursday.
-    text[0..3].copy_from_slice(DAYS[c.days.rem_euclid(7) as usize]);
-    digits(&mut text[5..7], c.day);
-    text[8..11].copy_from_slice(MONTHS[c.month as usize - 1]);
-    digits(&mut text[12..16], c.year);
-    digits(&mut text[17..19], c.hour);
-    digits(&mut text[20..22], c.minute);
-    digits(&mut text[23..25], c.second);
-    // Only ASCII letters, digits, spaces, ',' and ':' were written.
-    HeaderValue::from_bytes(&text).unwrap_or(EPOCH)
+    }
+    let whole = time.format("%a, %d %b %Y %H:%M:%S GMT").to_string();
+    HeaderValue::from_str(&whole).unwrap_or(EPOCH)
 }
 
 /// A time's calendar fields in UTC (the leap second's extra nanoseconds
 /// aside), computed from its Unix seconds without chrono's general
 /// calendar code.
 struct Civil {
-    /// Days since 1970-01-01.
-    days: i64,
     year: u32,
     month: u32,
     day: u32,
@@ -237,7 +229,6 @@ impl Civil {
         let year = year_of_era + era * 400 + i64::from(month <= 2);
         let year = u32::try_from(year).ok().filter(|y| *y <= 9999)?;
         Some(Civil {
-            days,
             year,
             month,
             day,
