@@ -8,7 +8,7 @@ use super::{release, wait, Common, Locks};
 use crate::error::{Error, Result};
 use crate::lease::LockLease;
 use crate::ops;
-use crate::retry::wait::LAST_TRY_LEAD;
+use crate::retry::wait::{DEFAULT_POLL, LAST_TRY_LEAD};
 use crate::validate;
 
 /// A lease as a guard needs it: when it was asked for, and what the server
@@ -266,9 +266,7 @@ impl Acquire {
                     .await
             }
             Some(timeout) => {
-                let poll = self
-                    .poll_interval
-                    .unwrap_or(crate::retry::wait::DEFAULT_POLL);
+                let poll = self.poll_interval.unwrap_or(DEFAULT_POLL);
                 let waiter = wait::Waiter::new(timeout, poll);
                 self.wait_for(waiter, ttl, &token, &request_id, &mut undo)
                     .await

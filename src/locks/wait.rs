@@ -7,9 +7,9 @@
 //! that sends r requests a second notices a graceful release after 1/(2r)
 //! on average, whatever it does: so a waiter spends its requests early.
 //! The interval between its tries is a ramp on the time it has waited:
-//! [`RAMP_RATIO`](crate::retry::wait::RAMP_RATIO) of it (jittered down by up to a tenth), at least
-//! [`RAMP_FLOOR`](crate::retry::wait::RAMP_FLOOR), at most the poll interval (default [`DEFAULT_POLL`](crate::retry::wait::DEFAULT_POLL),
-//! `.poll_interval(d)`). A release is then noticed within 30 % of the time
+//! `RAMP_RATIO` of it (jittered down by up to a tenth), at least
+//! `RAMP_FLOOR`, at most the poll interval (default `DEFAULT_POLL`,
+//! `.poll_interval(d)`; all three in [`retry::wait`]). A release is then noticed within 30 % of the time
 //! already waited (0.3 s at first), and a wait that lasts costs one try
 //! per poll interval: a few requests more per wait, not per minute.
 //!

@@ -188,37 +188,41 @@ impl State {
         }
     }
 
-    /// Whether the lock is lost: see [`State::loss`].
+    /// Lost, past the deadline (which records the expiry now), or past the
+    /// max hold time (recorded as such). Reads the clock itself, so it
+    /// holds even when no task has run. Copies nothing: `is_lost` is
+    /// called before every side effect.
     pub(super) fn check(&self) -> bool {
-        self.loss().is_some()
-    }
-
-    /// The loss, if the lock is lost: marked, past the deadline (which
-    /// records the expiry now), or past the max hold time (recorded as
-    /// such). Reads the clock itself, so it holds even when no task has
-    /// run. The loss returned is the one recorded: the first wins.
-    pub(super) fn loss(&self) -> Option<LockLost> {
         let (deadline, tried) = {
             let current = self.current();
-            if let Some(failure) = &current.failure {
-                return Some(failure.clone());
+            if current.failure.is_some() {
+                return true;
             }
             (current.deadline, current.renewal_tried)
         };
         // An expiry first: past its deadline the lease may be another's,
         // whatever the cap says.
         let now = self.clock.now();
-        let found = if now >= deadline {
+        if now >= deadline {
             let detail = if tried { RENEWAL_TOO_LATE } else { JUMPED };
-            LockLost::new(self.key.clone(), LostReason::Expired).with_detail(detail)
-        } else if self.max_hold.as_ref().is_some_and(|cap| now >= cap.at) {
-            LockLost::new(self.key.clone(), LostReason::MaxHold)
+            self.mark(LockLost::new(self.key.clone(), LostReason::Expired).with_detail(detail));
+            return true;
+        }
+        if self.max_hold.as_ref().is_some_and(|cap| now >= cap.at) {
+            self.mark(LockLost::new(self.key.clone(), LostReason::MaxHold));
+            return true;
+        }
+        false
+    }
+
+    /// The loss, if [`State::check`] finds the lock lost: the one recorded
+    /// (the first wins).
+    pub(super) fn loss(&self) -> Option<LockLost> {
+        if self.check() {
+            self.failure()
         } else {
-            return None;
-        };
-        self.mark(found.clone());
-        // Another loss may have been recorded first, meanwhile.
-        Some(self.failure().unwrap_or(found))
+            None
+        }
     }
 
     /// The lease-clock reading at which the lock ends by itself: its
