@@ -77,7 +77,10 @@ async fn a_waiting_acquire_on_a_paused_clock_fails_once_instead_of_spinning() {
 /// timeout for it.
 async fn slow_server(status: u16) -> (wiremock::MockServer, Client) {
     use wiremock::{matchers::any, Mock, ResponseTemplate};
-    let server = wiremock::MockServer::start().await;
+    // A server of its own, not one from wiremock's pool: a pooled server
+    // handed on from another test here may still record that test's
+    // request (sent before its runtime dropped it) after it was reset.
+    let server = wiremock::MockServer::builder().start().await;
     Mock::given(any())
         .respond_with(ResponseTemplate::new(status).set_delay(Duration::from_secs(30)))
         .mount(&server)
