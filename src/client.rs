@@ -48,7 +48,7 @@ struct Inner {
     /// Releases running in the background, for `shutdown`.
     background: Arc<Background>,
     /// Waiters on each key, taking turns.
-    turns: Arc<crate::locks::turns::Turns>,
+    turns: Arc<crate::locks::engine::turns::Turns>,
     /// Kept for the other Volcano APIs; lock calls never send it.
     anon_key: Option<String>,
 }
@@ -146,7 +146,7 @@ impl Client {
     }
 
     /// The lines of waiters, by key.
-    pub(crate) fn turns(&self) -> &Arc<crate::locks::turns::Turns> {
+    pub(crate) fn turns(&self) -> &Arc<crate::locks::engine::turns::Turns> {
         &self.inner.turns
     }
 

@@ -104,8 +104,8 @@ pub use error::{
 };
 pub use lease::{LockLease, LockState};
 pub use locks::{
-    Acquire, ForceRelease, Get, HeldLock, HeldLocks, Hold, HoldAll, Leader, LockGuard, LockSet,
-    Locks, Release, Renew, TryWithLock, WithLock, WithLocks,
+    Acquire, AcquireOptions, ForceRelease, Get, HeldLock, HeldLocks, Hold, HoldAll, Leader,
+    LockGuard, LockSet, Locks, Release, Renew, TryWithLock, WithLock, WithLocks,
 };
 pub use validate::{MAX_TTL, MIN_TTL};
 

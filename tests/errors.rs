@@ -164,6 +164,11 @@ async fn secrets_never_appear_in_debug_or_display() {
         format!("{client:?}"),
         format!("{locks:?}"),
         format!("{acquire:?}"),
+        format!("{:?}", volcano::AcquireOptions::default().token(TOKEN)),
+        format!(
+            "{:?}",
+            locks.hold("k", Duration::from_secs(30)).token(TOKEN)
+        ),
         format!("{lease:?}"),
         format!("{:?}", locks.renew(&lease, Duration::from_secs(30))),
         format!("{:?}", locks.release(&lease)),

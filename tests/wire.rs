@@ -272,3 +272,72 @@ async fn insecure_http_is_refused_for_remote_hosts() {
         .unwrap_err();
     assert!(err.to_string().contains("anon_key"), "{err}");
 }
+
+/// One options value sets what the builder's own setters set, `set_x(None)`
+/// clears an option back to the SDK's default, and a later `options(..)`
+/// replaces what was set before.
+#[tokio::test]
+async fn an_options_value_sends_what_the_setters_send() {
+    use volcano::AcquireOptions;
+    let server = server().await;
+    Mock::given(method("POST"))
+        .and(header_is("x-volcano-lock-token", TOKEN))
+        .and(header_is("x-volcano-request-id", REQUEST_ID))
+        .respond_with(lease_body(201, 9))
+        .expect(1)
+        .mount(&server)
+        .await;
+    let locks = client(&server.uri()).locks();
+    let options = AcquireOptions::default()
+        .token(TOKEN)
+        .request_id(REQUEST_ID);
+    assert_eq!(options.get_token(), Some(TOKEN));
+    assert!(!format!("{options:?}").contains(TOKEN), "{options:?}");
+    let lease = locks
+        .acquire("build:queue", Duration::from_secs(30))
+        .options(options.clone())
+        .await
+        .unwrap();
+    assert_eq!(lease.token(), TOKEN);
+    server.verify().await;
+    server.reset().await;
+
+    // Cleared: a fresh token and request id; and the earlier setters are
+    // replaced by the value.
+    Mock::given(method("POST"))
+        .respond_with(lease_body(201, 10))
+        .expect(1)
+        .mount(&server)
+        .await;
+    let cleared = options.set_token(None).set_request_id(None);
+    locks
+        .hold("build:queue", Duration::from_secs(30))
+        .token(TOKEN)
+        .options(cleared)
+        .await
+        .unwrap()
+        .release()
+        .await
+        .ok();
+    let sent = &server.received_requests().await.unwrap()[0];
+    let header = |name: &str| sent.headers.get(name).unwrap().to_str().unwrap().to_owned();
+    assert_ne!(header("x-volcano-lock-token"), TOKEN);
+    assert_ne!(header("x-volcano-request-id"), REQUEST_ID);
+}
+
+/// A plain acquire has nothing that could end a `max_hold`: refused
+/// before anything is sent.
+#[tokio::test]
+async fn an_acquire_given_a_max_hold_fails_and_sends_nothing() {
+    let server = server().await;
+    let locks = client(&server.uri()).locks();
+    let options = volcano::AcquireOptions::default().max_hold(Duration::from_secs(60));
+    let err = locks
+        .acquire("build:queue", Duration::from_secs(30))
+        .options(options)
+        .await
+        .unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+    assert!(err.to_string().contains("max_hold"), "{err}");
+    assert!(server.received_requests().await.unwrap().is_empty());
+}

@@ -6,12 +6,12 @@ use std::io::{BufRead, IsTerminal, Write};
 use std::time::Duration;
 
 use serde_json::{json, Value};
-use volcano::{LockState, Locks};
+use volcano::{AcquireOptions, LockState, Locks};
 
 use crate::args::LockCommand;
 use crate::exit::{self, fail, Failure};
 use crate::output::{lease_json, state_json};
-use crate::request::{lease_of, AcquireOptions, Acquiring, Request};
+use crate::run::lease_of;
 
 /// Runs any command but `run`.
 pub(crate) async fn execute(locks: &Locks, command: LockCommand) -> Result<Value, Failure> {
@@ -26,13 +26,12 @@ pub(crate) async fn execute(locks: &Locks, command: LockCommand) -> Result<Value
             show_token,
             ids,
         } => {
-            let options = AcquireOptions {
-                token,
-                request_id: ids.request_id,
-                wait,
-                poll_interval,
-            };
-            acquire(locks, &key, ttl, &options, show_token).await
+            let options = AcquireOptions::default()
+                .set_token(token)
+                .set_request_id(ids.request_id)
+                .set_wait(wait)
+                .set_poll_interval(poll_interval);
+            acquire(locks, &key, ttl, options, show_token).await
         }
         LockCommand::Renew {
             key,
@@ -53,7 +52,7 @@ pub(crate) async fn execute(locks: &Locks, command: LockCommand) -> Result<Value
 }
 
 async fn get(locks: &Locks, key: &str, request_id: Option<String>) -> Result<Value, Failure> {
-    let state = locks.get(key).with_request_id(request_id).await?;
+    let state = locks.get(key).set_request_id(request_id).await?;
     Ok(state_json(key, &state))
 }
 
@@ -61,12 +60,13 @@ async fn acquire(
     locks: &Locks,
     key: &str,
     ttl: Duration,
-    options: &AcquireOptions,
+    options: AcquireOptions,
     show_token: bool,
 ) -> Result<Value, Failure> {
-    let chosen = options.token.is_some();
-    let acquiring = locks.acquire(key, ttl).with_options(options).send();
-    let lease = crate::status::while_waiting(locks, key, options.wait.is_some(), acquiring).await?;
+    let chosen = options.get_token().is_some();
+    let waiting = options.get_wait().is_some();
+    let acquiring = locks.acquire(key, ttl).options(options).send();
+    let lease = crate::status::while_waiting(locks, key, waiting, acquiring).await?;
     let mut value = lease_json(&lease, show_token);
     if !show_token && !chosen {
         value["note"] = "the generated ownership token is not shown; \
@@ -84,7 +84,7 @@ async fn renew(
     request_id: Option<String>,
 ) -> Result<Value, Failure> {
     let lease = lease_of(key, token);
-    let renewed = locks.renew(&lease, ttl).with_request_id(request_id).await?;
+    let renewed = locks.renew(&lease, ttl).set_request_id(request_id).await?;
     Ok(lease_json(&renewed, false))
 }
 
@@ -99,7 +99,7 @@ async fn release(
     // that fails does not stop the release.
     let before = locks.get(&key).await.ok().map(|state| state.held());
     let lease = lease_of(&key, token);
-    locks.release(&lease).with_request_id(request_id).await?;
+    locks.release(&lease).set_request_id(request_id).await?;
     Ok(match before {
         Some(false) => json!({ "key": key, "released": false, "was_held": false }),
         Some(true) => json!({ "key": key, "released": true }),
@@ -120,10 +120,7 @@ async fn force_release(
     if let (false, Some(seen)) = (yes, &before) {
         confirm_unchanged(locks, &key, seen).await?;
     }
-    locks
-        .force_release(&key)
-        .with_request_id(request_id)
-        .await?;
+    locks.force_release(&key).set_request_id(request_id).await?;
     Ok(json!({
         "key": key,
         "force_released": true,

@@ -16,7 +16,6 @@ mod args;
 mod child;
 mod exit;
 mod output;
-mod request;
 mod run;
 mod status;
 mod watch;
@@ -30,7 +29,6 @@ use volcano::Client;
 
 use crate::args::{Cli, Command, LockCommand};
 use crate::exit::{fail, Failure};
-use crate::request::AcquireOptions;
 use crate::run::{Ran, RunArgs};
 
 /// What a command produced: a value to print, or (`run`) a summary with
@@ -102,12 +100,12 @@ async fn execute(cli: Cli) -> Result<Done, Failure> {
             ids,
             command,
         } => {
-            let options = AcquireOptions {
-                token,
-                request_id: ids.request_id,
-                wait,
-                poll_interval,
-            };
+            let options = volcano::AcquireOptions::default()
+                .set_token(token)
+                .set_request_id(ids.request_id)
+                .set_wait(wait)
+                .set_poll_interval(poll_interval)
+                .set_max_hold(max_hold);
             let args = RunArgs {
                 key,
                 ttl,
@@ -116,7 +114,6 @@ async fn execute(cli: Cli) -> Result<Done, Failure> {
                     exit_code: held_exit_code,
                     quiet,
                 },
-                max_hold,
                 kill_after,
                 command,
             };

@@ -17,21 +17,20 @@ use std::time::{Duration, Instant};
 
 use serde_json::{json, Value};
 use tokio::process::Child;
-use volcano::{Error, HeldLock, Hold, LockLost, Locks};
+use volcano::{AcquireOptions, Error, HeldLock, LockLease, LockLost, Locks};
 
 use crate::child::{
     describe, in_terminal_foreground, shell_code, signal_child, spawn, Signals, Stop,
 };
 use crate::exit::{self, fail, Failure};
-use crate::request::{lease_of, AcquireOptions, Acquiring, Request};
 
 /// What `run` was asked to do. No `Debug`: it holds the ownership token.
 pub(crate) struct RunArgs {
     pub(crate) key: String,
     pub(crate) ttl: Duration,
+    /// Its token, request id, wait, poll interval and longest hold.
     pub(crate) options: AcquireOptions,
     pub(crate) held: WhenHeld,
-    pub(crate) max_hold: Option<Duration>,
     pub(crate) kill_after: Duration,
     pub(crate) command: Vec<String>,
 }
@@ -137,12 +136,11 @@ async fn acquire(
     args: &RunArgs,
     signals: &mut Signals,
 ) -> Result<HeldLock, Failure> {
-    let token = args.options.token.as_deref();
+    let token = args.options.get_token();
     let hold = locks
         .hold(&args.key, args.ttl)
-        .with_options(&args.options)
-        .given(args.max_hold, Hold::max_hold);
-    let waiting = args.options.wait.is_some();
+        .options(args.options.clone());
+    let waiting = args.options.get_wait().is_some();
     let hold = crate::status::while_waiting(locks, &args.key, waiting, hold.send());
     tokio::select! {
         held = hold => match held {
@@ -334,4 +332,10 @@ async fn sleep_until(at: Option<tokio::time::Instant>) {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
     }
+}
+
+/// A lease named by its key and ownership token, for renew and release
+/// (the service needs nothing else; expiry and fence are placeholders).
+pub(crate) fn lease_of(key: &str, token: impl Into<String>) -> LockLease {
+    LockLease::new(key, token, chrono::Utc::now(), 0)
 }

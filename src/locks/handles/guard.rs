@@ -6,9 +6,9 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
-use super::state::State;
 use crate::error::{LockLost, LostReason};
 use crate::lease::LockLease;
+use crate::locks::engine::state::State;
 
 /// The handle a `with_lock` closure gets: the latest lease and the
 /// lost-ownership signal. Cheap to clone.
@@ -32,7 +32,7 @@ use crate::lease::LockLease;
 /// ```
 #[derive(Clone)]
 pub struct LockGuard {
-    pub(super) state: Arc<State>,
+    pub(crate) state: Arc<State>,
 }
 
 impl LockGuard {

@@ -11,9 +11,10 @@ use tracing::Instrument;
 
 use super::state::State;
 
+use super::{requests, Measured};
 use crate::error::{Error, LockLost, LostReason};
 use crate::lease::LockLease;
-use crate::locks::{Locks, Measured};
+use crate::locks::{Locks, RequestOptions};
 use crate::retry::renewal::{BACKOFF_MAX, LAST_ATTEMPT, SAFETY_MARGIN};
 use crate::retry::{self, worth_another_attempt};
 use crate::validate;
@@ -23,7 +24,7 @@ use crate::validate;
 /// window ends; transient failures back off with jitter, and a pause that
 /// would run past the last moment an attempt can still be sent is cut
 /// short, so that attempt is made.
-pub(super) async fn renew_in_window(state: &State, locks: &Locks) -> Result<(), LockLost> {
+pub(crate) async fn renew_in_window(state: &State, locks: &Locks) -> Result<(), LockLost> {
     let mut retrying = Retrying::new();
     let mut tally = Tally::new(state);
     loop {
@@ -91,12 +92,11 @@ async fn send(
     budget: Duration,
 ) -> Result<Measured, Error> {
     state.renewal_sent();
-    locks
-        .renew(lease, state.ttl)
-        .request_id(request_id)
-        .timeout(budget.min(locks.client().timeout()))
-        .send_measured()
-        .await
+    let options = RequestOptions {
+        request_id: Some(request_id.to_owned()),
+        timeout: Some(budget.min(locks.client().timeout())),
+    };
+    requests::renew(locks, lease, state.ttl, &options).await
 }
 
 /// The pauses between attempts after transient failures.
@@ -200,12 +200,12 @@ impl Drop for Tally<'_> {
 /// A hold as the metrics see it: counted in `volcano_lock_held` from
 /// acquired until this is dropped, which records its length in
 /// `volcano_lock_hold_seconds`.
-pub(super) struct Counted {
+pub(crate) struct Counted {
     since: Instant,
 }
 
 impl Counted {
-    pub(super) fn start() -> Self {
+    pub(crate) fn start() -> Self {
         crate::telemetry::hold_started();
         Counted {
             since: Instant::now(),
@@ -222,14 +222,14 @@ impl Drop for Counted {
 /// A hold's renewal task, owned: started when the lock is handed over,
 /// aborted when this is dropped or stopped, and the hold's count ends with
 /// it. While the task runs it counts in the client's live renewals.
-pub(super) struct Renewal {
+pub(crate) struct Renewal {
     task: JoinHandle<()>,
     _counted: Counted,
 }
 
 impl Renewal {
     /// Starts renewing at the state's next due time, in `span`.
-    pub(super) fn start(
+    pub(crate) fn start(
         state: &Arc<State>,
         locks: &Locks,
         span: &tracing::Span,
@@ -249,7 +249,7 @@ impl Renewal {
     }
 
     /// Stops the task and waits until it has ended.
-    pub(super) async fn stop(mut self) {
+    pub(crate) async fn stop(mut self) {
         self.task.abort();
         let _ = (&mut self.task).await;
     }

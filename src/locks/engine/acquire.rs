@@ -4,9 +4,10 @@
 
 use std::time::Duration;
 
-use super::{release, wait, Common, Locks};
+use super::{release, requests, wait, Spec};
 use crate::error::{Error, Result};
 use crate::lease::LockLease;
+use crate::locks::{Locks, RequestOptions};
 use crate::ops;
 use crate::retry::wait::{DEFAULT_POLL, LAST_TRY_LEAD};
 use crate::validate;
@@ -26,7 +27,7 @@ pub(crate) struct Measured {
 
 impl Measured {
     /// `clock`: the lease clock `sent_at` was read on.
-    pub(super) fn new(
+    pub(crate) fn new(
         lease: LockLease,
         sent_at: Duration,
         date: Option<chrono::DateTime<chrono::Utc>>,
@@ -77,7 +78,7 @@ pub(crate) enum Owner {
     /// which must know it to wait for its release): no caller can name it,
     /// so an uncertain outcome is undone, as for [`Owner::Fresh`].
     Sdk(String),
-    /// The caller's [`Acquire::token`]: the caller recovers an uncertain
+    /// The caller's [`Acquire::token`](crate::Acquire::token): the caller recovers an uncertain
     /// outcome by acquiring again with it, so nothing is undone.
     Caller(String),
 }
@@ -175,134 +176,91 @@ impl Drop for Undo<'_> {
     }
 }
 
-/// `locks.acquire(key, ttl)`; see [`Locks::acquire`].
-///
-/// A builder, not a future: `.await` it, or call `.send()` for a future
-/// that can be spawned or stored. The spec inside every way of acquiring:
-/// its options (token, request id, timeout, wait, poll interval) are the
-/// same on [`Hold`](crate::Hold), `with_lock` and the rest.
-///
-/// ```no_run
-/// # async fn demo(locks: volcano::Locks) -> Result<(), volcano::Error> {
-/// use std::time::Duration;
-/// // Wait up to two minutes for the holder, trying for an early release
-/// // every 2 s.
-/// let lease = locks
-///     .acquire("schema-migration", Duration::from_secs(60))
-///     .wait(Duration::from_secs(120))
-///     .poll_interval(Duration::from_secs(2))
-///     .await?;
-/// # let _ = lease; Ok(()) }
-/// ```
-#[derive(Clone)]
-#[must_use = "a request builder does nothing until it is awaited"]
-pub struct Acquire {
-    pub(super) common: Common,
-    pub(super) key: String,
-    pub(super) ttl: Duration,
-    pub(super) token: Owner,
-    pub(super) wait: Option<Duration>,
-    pub(super) poll_interval: Option<Duration>,
+/// A plain acquire (`locks.acquire(..)`): the lease alone. A `max_hold`
+/// would have nothing to end it, so it is refused before anything is sent.
+pub(crate) async fn lease(spec: Spec) -> Result<LockLease> {
+    if spec.options.max_hold.is_some() {
+        return Err(Error::invalid(
+            "max_hold applies to a lock that is held (hold, with_lock, sets, leaders), not to acquire",
+        ));
+    }
+    acquire(spec).await.map(|measured| measured.lease)
 }
 
-common_methods!(Acquire => LockLease);
-
-impl std::fmt::Debug for Acquire {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Acquire")
-            .field("key", &self.key)
-            .field("ttl", &self.ttl)
-            .field("token", &self.token)
-            .field("request_id", &self.common.request_id)
-            .field("wait", &self.wait)
-            .field("poll_interval", &self.poll_interval)
-            .finish_non_exhaustive()
+/// Acquires (waiting if the options say so) and also returns what a guard
+/// needs to time the lease.
+pub(crate) async fn acquire(spec: Spec) -> Result<Measured> {
+    let Spec {
+        locks,
+        key,
+        ttl,
+        owner,
+        options,
+    } = spec;
+    let ttl_secs = validate::ttl(ttl)?;
+    validate::key(&key)?;
+    let request = options.request();
+    requests::check_timeout(&request)?;
+    if let Some(poll) = options.poll_interval {
+        wait::check_poll_interval(poll)?;
     }
+    let (token, generated) = owner.resolve()?;
+    let request_id = requests::request_id(&request)?;
+    let background = locks.client().background();
+    if !generated {
+        // A background release of this very token (a cancelled scope,
+        // say) must not free the lease this acquire may recover.
+        background.supersede_releases(&key, &token).await;
+    }
+    let mut undo = Undo::new(&locks, &key, ttl, generated.then_some(token.as_str()));
+    let one = Try {
+        locks: &locks,
+        key: &key,
+        ttl: ttl_secs,
+        token: &token,
+        request_id: &request_id,
+        timeout: request.timeout,
+    };
+    let started = std::time::Instant::now();
+    let result = match options.wait {
+        None => one.once(wait::Window::default(), &mut undo).await,
+        Some(timeout) => {
+            let poll = options.poll_interval.unwrap_or(DEFAULT_POLL);
+            one.wait_for(wait::Waiter::new(timeout, poll), &mut undo)
+                .await
+        }
+    };
+    crate::telemetry::acquired(started.elapsed(), options.wait.is_some(), &result);
+    if !generated && matches!(&result, Ok(_) | Err(Error::Conflict(_))) {
+        // Answered: a failed release of this token left nothing behind
+        // (the lease is this acquire's, or another token's).
+        background.forget(&key, &token);
+    }
+    result
 }
 
-acquisition_setters!(impl[] Acquire { token, wait, poll_interval });
+/// The tries of one acquisition: the same token and request id each time.
+struct Try<'a> {
+    locks: &'a Locks,
+    key: &'a str,
+    ttl: u64,
+    token: &'a str,
+    request_id: &'a str,
+    timeout: Option<Duration>,
+}
 
-impl Acquire {
-    fn acquire_spec(&mut self) -> &mut Acquire {
-        self
-    }
-
-    async fn execute(self) -> Result<LockLease> {
-        self.send_measured().await.map(|measured| measured.lease)
-    }
-
-    /// Acquires and also returns what a guard needs to time the lease.
-    pub(crate) async fn send_measured(mut self) -> Result<Measured> {
-        let ttl = validate::ttl(self.ttl)?;
-        validate::key(&self.key)?;
-        self.common.check_timeout()?;
-        if let Some(poll) = self.poll_interval {
-            wait::check_poll_interval(poll)?;
-        }
-        let (token, generated) = std::mem::take(&mut self.token).resolve()?;
-        let request_id = self.common.request_id()?;
-        if !generated {
-            // A background release of this very token (a cancelled scope,
-            // say) must not free the lease this acquire may recover.
-            self.common
-                .locks
-                .client
-                .background()
-                .supersede_releases(&self.key, &token)
-                .await;
-        }
-        let mut undo = Undo::new(
-            &self.common.locks,
-            &self.key,
-            self.ttl,
-            generated.then_some(token.as_str()),
-        );
-        let started = std::time::Instant::now();
-        let waited = self.wait.is_some();
-        let result = match self.wait {
-            None => {
-                let window = wait::Window::default();
-                self.try_once(ttl, &token, &request_id, window, &mut undo)
-                    .await
-            }
-            Some(timeout) => {
-                let poll = self.poll_interval.unwrap_or(DEFAULT_POLL);
-                let waiter = wait::Waiter::new(timeout, poll);
-                self.wait_for(waiter, ttl, &token, &request_id, &mut undo)
-                    .await
-            }
-        };
-        crate::telemetry::acquired(started.elapsed(), waited, &result);
-        if !generated && matches!(&result, Ok(_) | Err(Error::Conflict(_))) {
-            // Answered: a failed release of this token left nothing behind
-            // (the lease is this acquire's, or another token's).
-            self.common
-                .locks
-                .client
-                .background()
-                .forget(&self.key, &token);
-        }
-        result
-    }
-
+impl Try<'_> {
     /// Tries until acquired, a definitive error, or the waiter's deadline,
     /// looking at the holder (`get`) where the waiter says (see [`wait`]).
     /// No try starts after the deadline; one in flight then gets a bounded
     /// grace to answer (see [`wait::Window`]).
-    async fn wait_for(
-        &self,
-        mut waiter: wait::Waiter,
-        ttl: u64,
-        token: &str,
-        request_id: &str,
-        undo: &mut Undo<'_>,
-    ) -> Result<Measured> {
+    async fn wait_for(&self, mut waiter: wait::Waiter, undo: &mut Undo<'_>) -> Result<Measured> {
         let mut then = wait::Then::Acquire;
         // Waiters of this client on this key take turns, in the order they
         // began: only the first in line sends. One behind it tries once of
         // its own just before its deadline, so that what it returns is an
         // answer it got (the key may be free, or the service unreachable).
-        let mut ticket = self.common.locks.client.turns().join(&self.key);
+        let mut ticket = self.locks.client().turns().join(self.key);
         let mut last_try_made = false;
         loop {
             if !ticket.is_first() {
@@ -330,7 +288,7 @@ impl Acquire {
             let step = match then {
                 wait::Then::Acquire => {
                     let window = waiter.window();
-                    match self.try_once(ttl, token, request_id, window, undo).await {
+                    match self.once(window, undo).await {
                         Ok(measured) => return Ok(measured),
                         Err(err) => {
                             self.log_episode(waiter.episode(&err), &err);
@@ -342,9 +300,13 @@ impl Acquire {
                     }
                 }
                 wait::Then::LookAtHolder => {
-                    let limit = waiter.remaining().min(self.common.locks.client.timeout());
-                    let get = self.common.locks.get(self.key.clone()).timeout(limit);
-                    let holder = get.send_dated().await.map(|(state, date)| wait::Holder {
+                    let limit = waiter.remaining().min(self.locks.client().timeout());
+                    let look = RequestOptions {
+                        request_id: None,
+                        timeout: Some(limit),
+                    };
+                    let got = requests::get(self.locks, self.key, &look).await;
+                    let holder = got.map(|(state, date)| wait::Holder {
                         held: state.held(),
                         expires_at: state.expires_at(),
                         date,
@@ -362,14 +324,14 @@ impl Acquire {
             match &failed {
                 None => tracing::debug!(
                     key = %self.key,
-                    request_id,
+                    request_id = self.request_id,
                     pause_ms = pause.as_millis() as u64,
                     then = ?then,
                     "lock held; waiting"
                 ),
                 Some(error) => tracing::debug!(
                     key = %self.key,
-                    request_id,
+                    request_id = self.request_id,
                     error,
                     pause_ms = pause.as_millis() as u64,
                     then = ?then,
@@ -411,35 +373,24 @@ impl Acquire {
 
     /// One acquire (with the transport's single retry on transport failure
     /// or 503), with the lease-clock reading taken before it was sent.
-    async fn try_once(
-        &self,
-        ttl: u64,
-        token: &str,
-        request_id: &str,
-        window: wait::Window,
-        undo: &mut Undo<'_>,
-    ) -> Result<Measured> {
-        let sent_at = self.common.locks.client.lease_clock().now();
+    async fn once(&self, window: wait::Window, undo: &mut Undo<'_>) -> Result<Measured> {
+        let clock = self.locks.client().lease_clock();
+        let sent_at = clock.now();
         undo.sending();
         let op = ops::Acquire {
-            key: &self.key,
-            token,
-            ttl_secs: ttl,
+            key: self.key,
+            token: self.token,
+            ttl_secs: self.ttl,
         };
-        let result = self
-            .common
-            .send(&op, request_id, window)
+        let result = requests::send(self.locks, &op, self.request_id, self.timeout, window)
             .await
-            .map(|answer| {
-                let clock = self.common.locks.client.lease_clock();
-                Measured::new(answer.value, sent_at, answer.date, clock)
-            });
+            .map(|answer| Measured::new(answer.value, sent_at, answer.date, clock));
         undo.answered(&result);
         let measured = result?;
         tracing::debug!(
             key = measured.lease.key(),
             fencing_token = measured.lease.fencing_token(),
-            request_id,
+            request_id = self.request_id,
             "lock acquired"
         );
         Ok(measured)

@@ -17,10 +17,11 @@ use std::time::Duration;
 use tokio::sync::watch;
 use tokio::time::Instant;
 
-use super::Locks;
+use super::requests;
 use crate::background::Settled;
 use crate::error::Error;
 use crate::lease::LockLease;
+use crate::locks::{Locks, RequestOptions};
 use crate::retry;
 use crate::validate;
 
@@ -101,11 +102,11 @@ pub(crate) async fn confirmed(
             return Ok(Ended::Superseded);
         }
         let left = budget.saturating_sub(started.elapsed());
-        let attempt = locks
-            .release(lease)
-            .request_id(request_id.clone())
-            .timeout(left.min(per_attempt).max(retry::MIN_ATTEMPT))
-            .await;
+        let options = RequestOptions {
+            request_id: Some(request_id.clone()),
+            timeout: Some(left.min(per_attempt).max(retry::MIN_ATTEMPT)),
+        };
+        let attempt = requests::release(locks, lease, &options).await;
         let failed = |err| Failed { err, first_attempt };
         let err = match attempt {
             Ok(()) => return Ok(Ended::Released),

@@ -6,10 +6,11 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+use super::{release, Measured};
 use crate::clock::{Jumps, LeaseClock};
 use crate::error::{LockLost, LostReason};
 use crate::lease::LockLease;
-use crate::locks::{release, Locks, Measured};
+use crate::locks::Locks;
 use crate::realtime::{Stopwatch, PAUSED_CLOCK};
 use crate::retry::renewal::{
     MAX_DELAY as MAX_RENEW_DELAY, REQUEST_BUDGET, RETRY_ROOM, SAFETY_MARGIN,
@@ -67,14 +68,14 @@ struct Current {
 
 /// A hold's cap: the lease-clock reading at which it ends, and the lock
 /// API its release goes through.
-pub(super) struct MaxHold {
+pub(crate) struct MaxHold {
     at: Duration,
     locks: Locks,
 }
 
 impl MaxHold {
     /// A cap `after` from the clock's `now`.
-    pub(super) fn after(after: Duration, now: Duration, locks: &Locks) -> Self {
+    pub(crate) fn after(after: Duration, now: Duration, locks: &Locks) -> Self {
         MaxHold {
             at: now.saturating_add(after),
             locks: locks.clone(),
@@ -83,24 +84,24 @@ impl MaxHold {
 }
 
 /// Shared by every clone of a guard and by its renewal task.
-pub(super) struct State {
-    pub(super) key: String,
-    pub(super) ttl: Duration,
-    pub(super) clock: LeaseClock,
+pub(crate) struct State {
+    pub(crate) key: String,
+    pub(crate) ttl: Duration,
+    pub(crate) clock: LeaseClock,
     /// Acquisition start + 90 days: no renewal moves the deadline past it.
     cap: Duration,
     /// When the lock ends by `max_hold`, if set, and the handle that
     /// releases it then.
     max_hold: Option<MaxHold>,
     current: Mutex<Current>,
-    pub(super) lost: watch::Sender<bool>,
+    pub(crate) lost: watch::Sender<bool>,
 }
 
 impl State {
     /// `started`: the lease-clock reading before the acquire's first try
     /// (an earlier try than the one answered may be the one applied).
     /// `max_hold`: when the lock ends at the latest.
-    pub(super) fn new(
+    pub(crate) fn new(
         acquired: Measured,
         ttl: Duration,
         clock: LeaseClock,
@@ -129,19 +130,19 @@ impl State {
         crate::lock_unpoisoned(&self.current)
     }
 
-    pub(super) fn lease(&self) -> LockLease {
+    pub(crate) fn lease(&self) -> LockLease {
         self.current().lease.clone()
     }
 
-    pub(super) fn deadline(&self) -> Duration {
+    pub(crate) fn deadline(&self) -> Duration {
         self.current().deadline
     }
 
-    pub(super) fn failure(&self) -> Option<LockLost> {
+    pub(crate) fn failure(&self) -> Option<LockLost> {
         self.current().failure.clone()
     }
 
-    pub(super) fn remaining(&self) -> Duration {
+    pub(crate) fn remaining(&self) -> Duration {
         self.deadline().saturating_sub(self.clock.now())
     }
 
@@ -151,7 +152,7 @@ impl State {
     /// of `Date` rounding, a suspend it has not seen), and a renewal
     /// abandoned in flight may be applied late. What is kept this long is
     /// a release still being tried, or a lease reported as possibly held.
-    pub(super) fn server_may_hold_for(&self) -> Duration {
+    pub(crate) fn server_may_hold_for(&self) -> Duration {
         self.ttl.saturating_add(SAFETY_MARGIN + REQUEST_BUDGET)
     }
 
@@ -159,7 +160,7 @@ impl State {
     /// the max hold time the release is handed to the client first, so
     /// that it is registered before anyone can see the loss (an acquire
     /// with the same token then supersedes it rather than race it).
-    pub(super) fn mark(&self, lost: LockLost) {
+    pub(crate) fn mark(&self, lost: LockLost) {
         let (fencing_token, lease) = {
             let mut current = self.current();
             if current.failure.is_some() {
@@ -192,7 +193,7 @@ impl State {
     /// max hold time (recorded as such). Reads the clock itself, so it
     /// holds even when no task has run. Copies nothing: `is_lost` is
     /// called before every side effect.
-    pub(super) fn check(&self) -> bool {
+    pub(crate) fn check(&self) -> bool {
         let (deadline, tried) = {
             let current = self.current();
             if current.failure.is_some() {
@@ -217,7 +218,7 @@ impl State {
 
     /// The loss, if [`State::check`] finds the lock lost: the one recorded
     /// (the first wins).
-    pub(super) fn loss(&self) -> Option<LockLost> {
+    pub(crate) fn loss(&self) -> Option<LockLost> {
         if self.check() {
             self.failure()
         } else {
@@ -227,7 +228,7 @@ impl State {
 
     /// The lease-clock reading at which the lock ends by itself: its
     /// deadline, or its max hold time if sooner.
-    pub(super) fn ends_at(&self) -> Duration {
+    pub(crate) fn ends_at(&self) -> Duration {
         let deadline = self.deadline();
         self.max_hold
             .as_ref()
@@ -235,7 +236,7 @@ impl State {
     }
 
     /// Records that a renewal is being sent.
-    pub(super) fn renewal_sent(&self) {
+    pub(crate) fn renewal_sent(&self) {
         self.current().renewal_tried = true;
     }
 
@@ -248,7 +249,7 @@ impl State {
     }
 
     /// Takes a renewal.
-    pub(super) fn renewed(&self, renewed: Measured) -> Result<(), LockLost> {
+    pub(crate) fn renewed(&self, renewed: Measured) -> Result<(), LockLost> {
         let mut current = self.current();
         if let Some(failure) = &current.failure {
             return Err(failure.clone());
@@ -264,19 +265,19 @@ impl State {
         Ok(())
     }
 
-    pub(super) fn next_delay(&self) -> Duration {
+    pub(crate) fn next_delay(&self) -> Duration {
         renewal_delay(self.ttl, self.remaining(), crate::random::unit())
     }
 
     /// When the next renewal is due, as a lease-clock reading.
-    pub(super) fn next_renewal_at(&self) -> Duration {
+    pub(crate) fn next_renewal_at(&self) -> Duration {
         self.clock.now() + self.next_delay()
     }
 
     /// Waits until the lease clock reads `until`; the loss if the lock was
     /// lost meanwhile. Wakes early only when the lock is lost, marked, or the
     /// clock jumps (a suspend): no periodic look at the deadline.
-    pub(super) async fn sleep_while_held(&self, until: Duration) -> Result<(), LockLost> {
+    pub(crate) async fn sleep_while_held(&self, until: Duration) -> Result<(), LockLost> {
         let mut lost = self.lost.subscribe();
         loop {
             // Watch first, then read the clock: a jump in between still wakes.
@@ -316,7 +317,7 @@ impl State {
     /// foresee: it is marked, or the clock jumps (from then on the deadline
     /// is watched as [`State::wait_lost`] does). Without a jump a timer set
     /// before the deadline fires before it, so no timer is needed here.
-    pub(super) async fn lost_behind_timers(&self) -> LockLost {
+    pub(crate) async fn lost_behind_timers(&self) -> LockLost {
         let mut lost = self.lost.subscribe();
         let mut jumps = self.jumps();
         if let Some(loss) = self.loss() {
@@ -336,7 +337,7 @@ impl State {
 
     /// Completes when the lock is lost: marked, or its deadline passed (the
     /// expiry is recorded then), with the loss.
-    pub(super) async fn wait_lost(&self) -> LockLost {
+    pub(crate) async fn wait_lost(&self) -> LockLost {
         loop {
             if let Err(loss) = self.sleep_while_held(Duration::MAX).await {
                 return loss;
@@ -548,13 +549,16 @@ mod tests {
         let date = Utc.with_ymd_and_hms(2026, 11, 30, 12, 0, 0).unwrap();
         let expires = date + chrono::TimeDelta::milliseconds(30_700);
         assert_eq!(
-            crate::locks::acquire::granted(expires, date),
+            crate::locks::engine::acquire::granted(expires, date),
             Duration::from_millis(29_700)
         );
-        assert_eq!(crate::locks::acquire::granted(date, date), Duration::ZERO);
+        assert_eq!(
+            crate::locks::engine::acquire::granted(date, date),
+            Duration::ZERO
+        );
         let long_ago = date - chrono::TimeDelta::days(1);
         assert_eq!(
-            crate::locks::acquire::granted(long_ago, date),
+            crate::locks::engine::acquire::granted(long_ago, date),
             Duration::ZERO
         );
     }

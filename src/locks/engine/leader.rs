@@ -1,0 +1,172 @@
+//! Leader election over a lock: campaign (wait for the lock), lead (run the
+//! caller's term with a [`LockGuard`]), and when the lease is lost drop the
+//! term and campaign again, until the term ends it or `until` fires.
+
+use std::future::Future;
+use std::pin::Pin;
+use std::time::Duration;
+
+use tracing::Instrument;
+
+use super::{Owner, Spec};
+use crate::error::{Error, LostReason};
+use crate::locks::{AcquireOptions, LockGuard, Locks};
+use crate::retry::wait::DEFAULT_POLL;
+use crate::validate;
+
+pub(crate) type Signal = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
+
+/// How one term ended.
+enum TermEnd<E> {
+    /// The term function returned.
+    Returned(Result<(), E>),
+    /// `until` fired: step down.
+    Resigned,
+    /// The lease was lost: campaign again.
+    Lost,
+}
+
+/// Campaigns and leads on `key` until a term ends leadership or `until`
+/// fires; returns once every release under a campaign's token is done (or
+/// handed to `Client::shutdown`).
+pub(crate) async fn elect<F, Fut, E>(
+    locks: Locks,
+    key: String,
+    ttl: Duration,
+    options: AcquireOptions,
+    until: Option<Signal>,
+    mut term: F,
+) -> std::result::Result<(), E>
+where
+    F: FnMut(LockGuard) -> Fut + Send,
+    Fut: Future<Output = std::result::Result<(), E>> + Send,
+    E: From<Error> + Send,
+{
+    validate::ttl(ttl)?;
+    validate::key(&key)?;
+    let campaign = Spec::new(&locks, key, ttl, options.wait(Duration::MAX));
+    let until: Signal = until.unwrap_or_else(|| Box::pin(std::future::pending()));
+    let mut tokens = Vec::new();
+    let result = campaign_and_lead(&campaign, until, &mut term, &mut tokens).await;
+    // A release under any campaign's token may still be running in the
+    // background: an acquire being undone, or a term's release that
+    // kept failing. Return only once they have finished (within one
+    // client timeout, as a held lock's release; past it they go on,
+    // and `Client::shutdown` waits for them).
+    let client = locks.client();
+    if !client
+        .background()
+        .await_releases(&campaign.key, &tokens, client.timeout())
+        .await
+    {
+        tracing::warn!(
+            key = %campaign.key,
+            "leader's release still running in the background; Client::shutdown waits for it"
+        );
+    }
+    result
+}
+
+/// The campaign-and-term loop of [`Leader::run`]; every token it uses is
+/// pushed to `tokens`.
+async fn campaign_and_lead<F, Fut, E>(
+    campaign: &Spec,
+    mut until: Signal,
+    term: &mut F,
+    tokens: &mut Vec<String>,
+) -> std::result::Result<(), E>
+where
+    F: FnMut(LockGuard) -> Fut + Send,
+    Fut: Future<Output = std::result::Result<(), E>> + Send,
+    E: From<Error> + Send,
+{
+    let key = &campaign.key;
+    loop {
+        let (this, span) = next_campaign(campaign, tokens);
+        // The campaign's future is dropped before the arms run: what it may
+        // have obtained is then being released in the background.
+        let campaigned = tokio::select! {
+            biased;
+            _ = &mut until => return Ok(()),
+            held = super::hold::hold(this, Some(span.clone())) => held,
+        };
+        let held = match campaigned {
+            Ok(held) => held,
+            // The pre-run renewal found no safe window: try again.
+            Err(Error::LockLost(_)) => continue,
+            Err(err) => return Err(E::from(err)),
+        };
+        let fencing_token = held.lease().fencing_token();
+        tracing::info!(key = %key, fencing_token, "elected leader");
+
+        let guard = LockGuard::clone(&held);
+        let end = {
+            let work = term(guard.clone()).instrument(span.clone());
+            tokio::select! {
+                biased;
+                _ = &mut until => TermEnd::Resigned,
+                _ = guard.lost() => TermEnd::Lost,
+                result = work => TermEnd::Returned(result),
+            }
+        };
+        // The term's future is gone before anything else happens.
+        let (loss, released) = held.finish().await;
+        // A final release that found another token holding the lock: the
+        // term ran, at least in part, without it.
+        let released = match loss {
+            Some(taken) if taken.reason() == LostReason::TakenOver => Err(Error::LockLost(taken)),
+            _ => released,
+        };
+        match end {
+            TermEnd::Lost => {
+                let lost = guard.failure();
+                let reason = lost.as_ref().map(|l| l.to_string());
+                tracing::warn!(key = %key, fencing_token, reason, "leadership lost; campaigning again");
+                let capped = lost.is_some_and(|l| l.reason() == LostReason::MaxHold);
+                if capped && !make_way(campaign, &mut until).await {
+                    return released.map_err(E::from);
+                }
+            }
+            TermEnd::Resigned => {
+                tracing::info!(key = %key, fencing_token, "resigned leadership");
+                return released.map_err(E::from);
+            }
+            TermEnd::Returned(result) => {
+                tracing::info!(key = %key, fencing_token, "leadership ended by its term");
+                return result.and(released.map_err(E::from));
+            }
+        }
+    }
+}
+
+/// One campaign: one token for the whole wait, a fresh one per term, so a
+/// new term is always a new acquisition with a higher fencing token. The
+/// SDK generates it, so an acquire whose outcome is unknown is undone;
+/// knowing it (in `tokens`), `run` can wait for that undo before it
+/// returns. One span per campaign and term, under the caller's: the
+/// acquire, renewals, release and the term itself log in it.
+fn next_campaign(campaign: &Spec, tokens: &mut Vec<String>) -> (Spec, tracing::Span) {
+    let span = tracing::info_span!(
+        "volcano.leader",
+        key = %campaign.key,
+        fencing_token = tracing::field::Empty
+    );
+    let token = validate::new_uuid();
+    tokens.push(token.clone());
+    let mut this = campaign.clone();
+    this.owner = Owner::Sdk(token);
+    (this, span)
+}
+
+/// After a term ended by its cap, gives the others a chance: they try
+/// every poll interval, so this waits about one before campaigning again.
+/// False if `until` fired meanwhile (step down).
+async fn make_way(campaign: &Spec, until: &mut Signal) -> bool {
+    let poll = campaign.options.poll_interval.unwrap_or(DEFAULT_POLL);
+    let pause = poll.mul_f64(1.0 + 0.2 * crate::random::unit());
+    tokio::select! {
+        biased;
+        _ = until => false,
+        _ = tokio::time::sleep(pause) => true,
+    }
+}

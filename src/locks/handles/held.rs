@@ -1,0 +1,84 @@
+//! [`HeldLock`]: a renewing lock that lives outside any closure, in a
+//! struct or an `Arc`, until it is released or dropped. What happens then
+//! is the engine's ([`engine::hold`](crate::locks::engine::hold)).
+
+use std::ops::Deref;
+
+use super::guard::LockGuard;
+use crate::error::{Error, LockLost, Result};
+use crate::locks::engine::hold::Holding;
+
+/// A lock held until [`HeldLock::release`] or drop, renewed in the
+/// background. Derefs to [`LockGuard`]: `is_lost()`, `lost()`, `watch()`,
+/// `lease()` and `failure()` all work on it. `Send + Sync + 'static`, so it
+/// can live in a struct or an `Arc`.
+///
+/// Dropping it stops the renewal and hands a best-effort release to the
+/// client, which [`Client::shutdown`](crate::Client::shutdown) waits for.
+///
+/// ```no_run
+/// # async fn demo(locks: volcano::Locks) -> Result<(), volcano::Error> {
+/// use std::time::Duration;
+/// struct Ingest {
+///     lock: volcano::HeldLock,
+/// }
+/// let ingest = Ingest { lock: locks.hold("ingest", Duration::from_secs(30)).await? };
+/// tokio::select! {
+///     _ = ingest.lock.lost() => eprintln!("lost the ingest lock; stopping"),
+///     _ = tokio::time::sleep(Duration::from_secs(60)) => {}
+/// }
+/// ingest.lock.release().await?;
+/// # Ok(()) }
+/// ```
+pub struct HeldLock {
+    guard: LockGuard,
+    holding: Holding,
+}
+
+impl HeldLock {
+    pub(crate) fn new(holding: Holding) -> Self {
+        HeldLock {
+            guard: LockGuard {
+                state: holding.state.clone(),
+            },
+            holding,
+        }
+    }
+
+    /// Stops renewing and releases the lease (tried again on transient
+    /// failures; release is idempotent). Returns `Error::LockLost` if
+    /// ownership was lost while held (the release is still sent), or if
+    /// the release found another token holding the lock
+    /// ([`LostReason::TakenOver`](crate::LostReason::TakenOver)); else the
+    /// release's own error, if any. A release that did not free the lease
+    /// goes on in the background (a transient failure) or is recorded (a
+    /// refusal): either way [`Client::shutdown`](crate::Client::shutdown)
+    /// names the key while the lease may still be live.
+    pub async fn release(self) -> Result<()> {
+        match self.finish().await {
+            (Some(lost), _) => Err(Error::LockLost(lost)),
+            (None, released) => released,
+        }
+    }
+
+    /// Ends the hold: the loss up to now, if any, and the release's result.
+    pub(crate) async fn finish(self) -> (Option<LockLost>, Result<()>) {
+        self.holding.finish().await
+    }
+}
+
+impl std::fmt::Debug for HeldLock {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("HeldLock")
+            .field("guard", &self.guard)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Deref for HeldLock {
+    type Target = LockGuard;
+
+    fn deref(&self) -> &LockGuard {
+        &self.guard
+    }
+}
