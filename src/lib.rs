@@ -77,6 +77,7 @@ mod builder;
 mod client;
 mod clock;
 mod error;
+mod error_body;
 mod http_client;
 mod http_date;
 mod lease;

@@ -1,59 +1,19 @@
-//! [`Locks`]: the lock API, and every constructor of its builders in one
-//! place. A constructor only fills in its builder; `.await` on the
-//! builder hands its options to the engine.
+//! Every constructor of the lock API's builders, in one place: a
+//! constructor only fills in its builder; `.await` on the builder hands its
+//! options to the engine.
 
 use std::future::Future;
 use std::marker::PhantomData;
 use std::time::Duration;
 
-use crate::client::Client;
 use crate::error::Error;
 use crate::lease::LockLease;
 use crate::locks::{
-    Acquire, AcquireOptions, ForceRelease, Get, Hold, HoldAll, Leader, LockGuard, LockSet, Release,
-    Renew, RequestOptions, TryWithLock, WithLock, WithLocks,
+    Acquire, AcquireOptions, ForceRelease, Get, Hold, HoldAll, Leader, LockGuard, LockSet, Locks,
+    Release, Renew, RequestOptions, TryWithLock, WithLock, WithLocks,
 };
 
-/// The lock API of a [`Client`]: cheap to clone, `Send + Sync + 'static`.
-///
-/// ```no_run
-/// # async fn demo() -> Result<(), volcano::Error> {
-/// use std::time::Duration;
-/// let locks = volcano::Client::from_env()?.locks();
-/// let lease = locks.acquire("nightly-report", Duration::from_secs(30)).await?;
-/// let lease = locks.renew(&lease, Duration::from_secs(30)).await?;
-/// locks.release(&lease).await?;
-/// # Ok(()) }
-/// ```
-#[derive(Debug, Clone)]
-pub struct Locks {
-    client: Client,
-}
-
-impl Client {
-    /// The lock API of this client.
-    ///
-    /// ```no_run
-    /// # async fn demo(client: volcano::Client) -> Result<(), volcano::Error> {
-    /// let state = client.locks().get("nightly-report").await?;
-    /// println!("held: {}", state.held());
-    /// # Ok(()) }
-    /// ```
-    pub fn locks(&self) -> Locks {
-        Locks::new(self.clone())
-    }
-}
-
 impl Locks {
-    pub(crate) fn new(client: Client) -> Self {
-        Locks { client }
-    }
-
-    /// The client this handle uses.
-    pub fn client(&self) -> &Client {
-        &self.client
-    }
-
     /// Acquires `key` for `ttl` (whole seconds, 5 s to 90 days).
     ///
     /// Fails with `Error::Conflict` (`is_lock_held()`) when another live
@@ -65,7 +25,7 @@ impl Locks {
     /// If the outcome stays unknown (no answer after the retry, a 5xx, an
     /// unusable `201`, or the future dropped while a request is in flight)
     /// and the SDK generated the token, the lease it may have obtained is
-    /// released in the background (see [`Client::shutdown`]). With
+    /// released in the background (see [`Client::shutdown`](crate::Client::shutdown)). With
     /// [`Acquire::token`] nothing is released behind your back: acquire
     /// again with the same token to recover the lease.
     ///

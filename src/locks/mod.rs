@@ -1,6 +1,6 @@
 //! The lock API, in three layers that depend one way:
 //!
-//! - **the public API**: [`Locks`] with every constructor ([`api`]), the
+//! - **the public API**: [`Locks`], with every constructor in `api.rs`, the
 //!   options of a call in one value ([`AcquireOptions`], `options`), and
 //!   the builders (`builders/`), which only collect options and hand them
 //!   to the engine when awaited;
@@ -34,7 +34,6 @@ mod handles {
     pub(crate) mod set;
 }
 
-pub use api::Locks;
 pub use builders::hold::{Hold, HoldAll};
 pub use builders::leader::Leader;
 pub use builders::requests::{Acquire, ForceRelease, Get, Release, Renew};
@@ -44,3 +43,46 @@ pub use handles::held::HeldLock;
 pub use handles::set::{HeldLocks, LockSet};
 pub use options::AcquireOptions;
 pub(crate) use options::RequestOptions;
+
+use crate::client::Client;
+
+/// The lock API of a [`Client`]: cheap to clone, `Send + Sync + 'static`.
+///
+/// ```no_run
+/// # async fn demo() -> Result<(), volcano::Error> {
+/// use std::time::Duration;
+/// let locks = volcano::Client::from_env()?.locks();
+/// let lease = locks.acquire("nightly-report", Duration::from_secs(30)).await?;
+/// let lease = locks.renew(&lease, Duration::from_secs(30)).await?;
+/// locks.release(&lease).await?;
+/// # Ok(()) }
+/// ```
+#[derive(Debug, Clone)]
+pub struct Locks {
+    client: Client,
+}
+
+impl Client {
+    /// The lock API of this client.
+    ///
+    /// ```no_run
+    /// # async fn demo(client: volcano::Client) -> Result<(), volcano::Error> {
+    /// let state = client.locks().get("nightly-report").await?;
+    /// println!("held: {}", state.held());
+    /// # Ok(()) }
+    /// ```
+    pub fn locks(&self) -> Locks {
+        Locks::new(self.clone())
+    }
+}
+
+impl Locks {
+    pub(crate) fn new(client: Client) -> Self {
+        Locks { client }
+    }
+
+    /// The client this handle uses.
+    pub fn client(&self) -> &Client {
+        &self.client
+    }
+}

@@ -111,11 +111,12 @@ macro_rules! option_setters {
         }
     };
     (@ [$($path:tt)*] poll_interval) => {
-        /// The longest pause between a wait's tries (default 10 s, at least
-        /// 100 ms). Shorter picks up a released lock sooner in a long wait
-        /// and costs quota: each waiter sends about `60 / interval` acquires
-        /// a minute once its ramp reaches it, on top of one `get` per holder
-        /// lease period.
+        /// The pause between a wait's tries once its ramp has grown to it
+        /// (default 10 s, jittered by a few percent; at least 100 ms); a
+        /// 429 or a `Retry-After` pauses longer (see `wait`). Shorter picks
+        /// up a released lock sooner in a long wait and costs quota: each
+        /// waiter sends about `60 / interval` acquires a minute once its
+        /// ramp reaches it, on top of one `get` per holder lease period.
         pub fn poll_interval(self, interval: ::std::time::Duration) -> Self {
             self.set_poll_interval(Some(interval))
         }
@@ -156,11 +157,16 @@ macro_rules! option_setters {
 /// and how often to look, and (for a lock that is held, not just acquired)
 /// the longest hold. An option that was not set keeps the SDK's default.
 ///
-/// Every builder that acquires has the same setters (`x(value)`, and
-/// `set_x(Option<value>)`, where `None` keeps the default); this value
-/// sets them all at once, for a caller that reads them from its own
-/// configuration (the `volcano` CLI builds its flags into one), and
-/// `get_x()` reads them back:
+/// The builders take the options that apply to them, with the same
+/// setters (`x(value)`, and `set_x(Option<value>)`, where `None` keeps the
+/// default): `acquire` all but `max_hold`; `hold`, `with_lock` and
+/// `try_with_lock` all six; `hold_all` and `with_locks` `wait`,
+/// `poll_interval` and `max_hold` (each key gets a token and request id of
+/// its own); `leader` `poll_interval` and `max_hold` (it waits without a
+/// deadline, a fresh token per campaign). `.options(value)` on `acquire`,
+/// `hold`, `with_lock` and `try_with_lock` sets them all at once, for a
+/// caller that reads them from its own configuration (the `volcano` CLI
+/// builds its flags into one), and `get_x()` reads them back:
 ///
 /// ```no_run
 /// # async fn demo(locks: volcano::Locks, token: Option<String>) -> Result<(), volcano::Error> {

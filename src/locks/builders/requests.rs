@@ -40,13 +40,13 @@ macro_rules! sends {
 ///
 /// A builder, not a future: `.await` it, or call `.send()` for a future
 /// that can be spawned or stored. Its options (token, request id, timeout,
-/// wait, poll interval) are those of every way of acquiring
-/// ([`AcquireOptions`]).
+/// wait, poll interval) are those of [`AcquireOptions`] but `max_hold`.
 ///
 /// ```no_run
 /// # async fn demo(locks: volcano::Locks) -> Result<(), volcano::Error> {
 /// use std::time::Duration;
-/// // Wait up to two minutes for the holder, trying at least every 2 s.
+/// // Wait up to two minutes for the holder, trying about every 2 s once
+/// // the wait's ramp has grown to that.
 /// let lease = locks
 ///     .acquire("schema-migration", Duration::from_secs(60))
 ///     .wait(Duration::from_secs(120))
