@@ -4,6 +4,7 @@
 //! `Date` header is this clock's time, in HTTP's format.
 
 use std::fmt;
+use std::fmt::Write as _;
 use std::sync::atomic::{AtomicI64, Ordering};
 use std::time::Duration;
 
@@ -141,17 +142,22 @@ pub(crate) fn json_time(time: DateTime<Utc>) -> String {
     // A leap second (never read off this clock) is left to chrono.
     match Civil::of(time).filter(|_| time.nanosecond() < 1_000_000_000) {
         Some(c) => {
-            // Written by hand: this is on every lease answer, and chrono's
-            // general formatter costs several times as much.
-            let mut text = *b"0000-00-00T00:00:00.000Z";
-            digits(&mut text[0..4], c.year);
-            digits(&mut text[5..7], c.month);
-            digits(&mut text[8..10], c.day);
-            digits(&mut text[11..13], c.hour);
-            digits(&mut text[14..16], c.minute);
-            digits(&mut text[17..19], c.second);
-            digits(&mut text[20..23], time.timestamp_subsec_millis());
-            ascii(&text)
+            // From the civil date computed here: this is on every lease
+            // answer, and chrono's general formatter costs several times as
+            // much.
+            let mut text = String::with_capacity(24);
+            let _ = write!(
+                text,
+                "{:04}-{:02}-{:02}T{:02}:{:02}:{:02}.{:03}Z",
+                c.year,
+                c.month,
+                c.day,
+                c.hour,
+                c.minute,
+                c.second,
+                time.timestamp_subsec_millis()
+            );
+            text
         }
         None => time.to_rfc3339_opts(SecondsFormat::Millis, true),
     }
@@ -237,20 +243,6 @@ impl Civil {
             second: of_day % 60,
         })
     }
-}
-
-/// Writes `value` in decimal, zero-padded, filling `out` (whose length is
-/// the width; higher digits are dropped).
-fn digits(out: &mut [u8], mut value: u32) {
-    for slot in out.iter_mut().rev() {
-        *slot = b'0' + (value % 10) as u8;
-        value /= 10;
-    }
-}
-
-/// ASCII bytes as a `String`.
-fn ascii(text: &[u8]) -> String {
-    std::str::from_utf8(text).unwrap_or_default().to_owned()
 }
 
 #[cfg(test)]

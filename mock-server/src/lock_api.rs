@@ -242,31 +242,12 @@ fn grant_body(held: Option<bool>, grant: &Grant) -> String {
     body.push_str(r#"{"expires_at":""#);
     body.push_str(&json_time(grant.expires_at));
     body.push_str(r#"","fencing_token":"#);
-    push_i64(&mut body, grant.fencing_token);
+    body.push_str(itoa::Buffer::new().format(grant.fencing_token));
     if held == Some(true) {
         body.push_str(r#","held":true"#);
     }
     body.push('}');
     body
-}
-
-/// Appends `n` in decimal.
-fn push_i64(out: &mut String, n: i64) {
-    if n < 0 {
-        out.push('-');
-    }
-    let mut digits = [0u8; 20];
-    let mut rest = n.unsigned_abs();
-    let mut at = digits.len();
-    loop {
-        at -= 1;
-        digits[at] = b'0' + (rest % 10) as u8;
-        rest /= 10;
-        if rest == 0 {
-            break;
-        }
-    }
-    out.push_str(std::str::from_utf8(&digits[at..]).unwrap_or_default());
 }
 
 /// Applies a prepared request to the store at `now`.
