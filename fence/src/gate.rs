@@ -9,7 +9,8 @@ use std::task::{Context, Poll, Wake, Waker};
 
 use tokio::sync::{Mutex as Turn, OwnedMutexGuard};
 
-use crate::error::{check_resource, Error};
+use crate::error::Error;
+use crate::resource::check_resource;
 
 /// The fence rule in memory: a resource accepts a fence that is not lower
 /// than the highest it has seen, and refuses a lower one. For resources

@@ -140,6 +140,7 @@
 
 mod error;
 mod gate;
+mod resource;
 mod table;
 
 #[cfg(feature = "sqlx")]
@@ -152,6 +153,7 @@ pub mod testing;
 #[cfg_attr(docsrs, doc(cfg(feature = "tokio-postgres")))]
 pub mod tokio_postgres;
 
-pub use error::{Error, MAX_RESOURCE_BYTES};
+pub use error::Error;
 pub use gate::{Entered, Gate};
+pub use resource::MAX_RESOURCE_BYTES;
 pub use table::{Table, STALE_SQLSTATE};

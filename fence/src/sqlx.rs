@@ -15,7 +15,8 @@ use std::sync::LazyLock;
 use ::sqlx::postgres::PgDatabaseError;
 use ::sqlx::{PgConnection, PgPool, Postgres, Transaction, TransactionManager};
 
-use crate::error::{check_resource, Said};
+use crate::error::Said;
+use crate::resource::check_resource;
 use crate::table::{raced, Missing, State, MIGRATE_TRIES};
 use crate::{Error, Table};
 

@@ -16,7 +16,8 @@ use std::sync::LazyLock;
 use ::tokio_postgres::types::{ToSql, Type};
 use ::tokio_postgres::{Client, Statement, Transaction};
 
-use crate::error::{check_resource, Said};
+use crate::error::Said;
+use crate::resource::check_resource;
 use crate::table::{raced, Missing, State, MIGRATE_TRIES};
 use crate::{Error, Table};
 
