@@ -8,24 +8,19 @@ use std::time::Duration;
 
 use volcano_mock_server::{Operation, RecordedRequest};
 
-use super::{sim_time, Breaks, Server};
-use crate::log::{Event, Stamped};
+use super::run::Run;
+use crate::log::Event;
 
 /// A grant no program learned of (an acquire whose outcome it never saw)
 /// is undone: its client sends a release for the key (it may not arrive on
 /// a broken network, and then the lease lives out its ttl), or its
 /// `shutdown` reports the key. A crashed client is excused.
-pub(super) fn undone(
-    events: &[Stamped],
-    server: &Server,
-    jumps: &[(Duration, Duration)],
-    breaks: &Breaks,
-    out: &mut Vec<String>,
-) {
+pub(super) fn undone(run: &Run<'_>, out: &mut Vec<String>) {
+    let server = run.server;
     let mut learned: BTreeSet<(&str, i64)> = BTreeSet::new();
     let mut excused: BTreeSet<(usize, &str)> = BTreeSet::new();
     let mut crashed: BTreeSet<usize> = BTreeSet::new();
-    for e in events {
+    for e in run.events {
         match &e.event {
             Event::Believes { key, fence, .. } | Event::Leased { key, fence, .. } => {
                 learned.insert((key.as_str(), *fence));
@@ -61,9 +56,9 @@ pub(super) fn undone(
         }
         // A lease force-released (or cut short by a server clock jump)
         // before it expired needs no undo.
-        let granted = sim_time(server, jumps, r.at);
-        let expires = r.expires_at.map_or(granted, |e| sim_time(server, jumps, e));
-        if breaks.any(&r.key, granted, expires) {
+        let granted = run.sim_time(r.at);
+        let expires = r.expires_at.map_or(granted, |e| run.sim_time(e));
+        if run.breaks.any(&r.key, granted, expires) {
             continue;
         }
         // A later try of the same acquire answered 409: the server said
@@ -127,7 +122,8 @@ pub(super) fn undone(
 
 /// After every program's `shutdown`, and long enough for a crashed one's
 /// leases to expire, nothing is held but what `shutdown` reported.
-pub(super) fn at_end(events: &[Stamped], server: &Server, out: &mut Vec<String>) {
+pub(super) fn at_end(run: &Run<'_>, out: &mut Vec<String>) {
+    let (events, server) = (run.events, run.server);
     let reported: BTreeSet<&str> = events
         .iter()
         .flat_map(|e| match &e.event {
@@ -151,12 +147,8 @@ pub(super) fn at_end(events: &[Stamped], server: &Server, out: &mut Vec<String>)
 /// itself (a plain lease, a release it sent by hand that failed): a
 /// release the SDK let go of that did not free the lease (refused with
 /// `401`/`403`, given up) is never silently dropped.
-pub(super) fn reported_at_shutdown(
-    events: &[Stamped],
-    server: &Server,
-    jumps: &[(Duration, Duration)],
-    out: &mut Vec<String>,
-) {
+pub(super) fn reported_at_shutdown(run: &Run<'_>, out: &mut Vec<String>) {
+    let (events, server) = (run.events, run.server);
     // Which client each granted fence went to, and when (sim time).
     let mut granted: BTreeMap<(&str, i64), (usize, Duration)> = BTreeMap::new();
     for r in &server.journal {
@@ -171,7 +163,7 @@ pub(super) fn reported_at_shutdown(
         if let Some((client, _)) = sender {
             granted
                 .entry((r.key.as_str(), fence))
-                .or_insert((*client, sim_time(server, jumps, r.at)));
+                .or_insert((*client, run.sim_time(r.at)));
         }
     }
     // Leases the programs manage by hand and failed to release: by fence,

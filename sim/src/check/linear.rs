@@ -26,6 +26,7 @@ use std::time::Duration;
 use chrono::{DateTime, TimeDelta, Utc};
 use volcano_mock_server::{FaultKind, Operation};
 
+use super::run::Run;
 use crate::net::Attempt;
 
 /// A takeover waits this long after the expiry (protocol 2.9).
@@ -36,20 +37,20 @@ const RENEW_MARGIN: TimeDelta = TimeDelta::seconds(1);
 /// One journal entry, with what the clients' side adds: the token and TTL
 /// sent under its request id, and its instant on simulated time.
 #[derive(Debug, Clone)]
-pub(super) struct Entry {
-    pub(super) seq: u64,
-    pub(super) at: DateTime<Utc>,
-    pub(super) sim_at: Duration,
-    pub(super) operation: Operation,
-    pub(super) key: String,
-    pub(super) request_id: Option<String>,
-    pub(super) token: Option<String>,
-    pub(super) ttl_seconds: Option<i64>,
+struct Entry {
+    seq: u64,
+    at: DateTime<Utc>,
+    sim_at: Duration,
+    operation: Operation,
+    key: String,
+    request_id: Option<String>,
+    token: Option<String>,
+    ttl_seconds: Option<i64>,
     /// The status sent (or that a dropped answer would have had).
-    pub(super) status: Option<u16>,
-    pub(super) fault: Option<FaultKind>,
-    pub(super) fence: Option<i64>,
-    pub(super) expires_at: Option<DateTime<Utc>>,
+    status: Option<u16>,
+    fault: Option<FaultKind>,
+    fence: Option<i64>,
+    expires_at: Option<DateTime<Utc>>,
 }
 
 impl Entry {
@@ -186,10 +187,47 @@ impl Spec {
     }
 }
 
+/// Both checks over the journal as a history: the server's ([`server`]),
+/// then the clients' ([`clients`]).
+pub(super) fn check(run: &Run<'_>, out: &mut Vec<String>) {
+    let history = history(run);
+    server(&history, out);
+    clients(&run.server.sent.attempts, &history, out);
+}
+
+/// The journal with what each request id carried (token, TTL), on sim time.
+fn history(run: &Run<'_>) -> Vec<Entry> {
+    let mut carried: BTreeMap<&str, &Attempt> = BTreeMap::new();
+    for a in &run.server.sent.attempts {
+        carried.entry(a.request_id.as_str()).or_insert(a);
+    }
+    run.server
+        .journal
+        .iter()
+        .map(|r| {
+            let sent = r.request_id.as_deref().and_then(|id| carried.get(id));
+            Entry {
+                seq: r.seq,
+                at: r.at,
+                sim_at: run.sim_time(r.at),
+                operation: r.operation,
+                key: r.key.clone(),
+                request_id: r.request_id.clone(),
+                token: sent.and_then(|a| a.token.clone()),
+                ttl_seconds: sent.and_then(|a| a.ttl_seconds),
+                status: r.status,
+                fault: r.fault,
+                fence: r.fencing_token,
+                expires_at: r.expires_at,
+            }
+        })
+        .collect()
+}
+
 /// Replays the applied entries (in journal order) through the
 /// specification; the first divergence per key is a violation (later
 /// ones would follow from it).
-pub(super) fn server(entries: &[Entry], out: &mut Vec<String>) {
+fn server(entries: &[Entry], out: &mut Vec<String>) {
     let mut keys: BTreeMap<&str, Spec> = BTreeMap::new();
     let mut diverged: BTreeMap<&str, ()> = BTreeMap::new();
     for e in entries.iter().filter(|e| e.applied()) {
@@ -236,7 +274,7 @@ fn describe(answer: &Expected, now: DateTime<Utc>) -> String {
 
 /// Every answer a client received is one the server gave to that request
 /// id, at an instant while the attempt was in flight.
-pub(super) fn clients(attempts: &[Attempt], entries: &[Entry], out: &mut Vec<String>) {
+fn clients(attempts: &[Attempt], entries: &[Entry], out: &mut Vec<String>) {
     let mut by_id: BTreeMap<&str, Vec<&Entry>> = BTreeMap::new();
     for e in entries {
         if let Some(id) = &e.request_id {

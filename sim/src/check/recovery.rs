@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use volcano_mock_server::Operation;
 
-use super::{sim_time, Belief, Breaks, Server};
+use super::run::{Run, Server};
 use crate::log::{Event, Stamped, Waiting};
 
 /// The server's grace after an expiry, before another token may take the
@@ -22,20 +22,18 @@ const BOUND_AFTER_EXPIRY: Duration = Duration::from_millis(3_500);
 /// past the bound, someone other than the crashed holder must have taken
 /// the key by then. Runs where anything else could delay it (a fault, a
 /// force-release, a server clock jump) are not judged.
-pub(super) fn after_crash(
-    events: &[Stamped],
-    beliefs: &[Belief],
-    server: &Server,
-    jumps: &[(Duration, Duration)],
-    breaks: &Breaks,
-    out: &mut Vec<String>,
-) {
+pub(super) fn after_crash(run: &Run<'_>, out: &mut Vec<String>) {
+    let events = run.events;
     for (crashed, at) in events.iter().filter_map(|e| match e.event {
         Event::Crashed { client } => Some((client, e.at)),
         _ => None,
     }) {
-        for b in beliefs.iter().filter(|b| b.client == crashed && b.to == at) {
-            let Some(expired) = expiry(server, jumps, &b.key, b.fence) else {
+        for b in run
+            .beliefs
+            .iter()
+            .filter(|b| b.client == crashed && b.to == at)
+        {
+            let Some(expired) = expiry(run, &b.key, b.fence) else {
                 continue;
             };
             let bound = expired + BOUND_AFTER_EXPIRY;
@@ -44,7 +42,7 @@ pub(super) fn after_crash(
                     && e.at <= bound
                     && matches!(e.event, Event::Fault { .. } | Event::Crashed { .. })
             });
-            if disturbed || breaks.any(&b.key, at, bound) {
+            if disturbed || run.breaks.any(&b.key, at, bound) {
                 continue;
             }
             let Some(waiter) = waiter(events, &b.key, crashed, expired, bound) else {
@@ -73,13 +71,8 @@ pub(super) fn after_crash(
 }
 
 /// The latest expiry the server granted the lease `fence` of `key`.
-fn expiry(
-    server: &Server,
-    jumps: &[(Duration, Duration)],
-    key: &str,
-    fence: i64,
-) -> Option<Duration> {
-    server
+fn expiry(run: &Run<'_>, key: &str, fence: i64) -> Option<Duration> {
+    run.server
         .journal
         .iter()
         .filter(|r| r.key == key && r.fencing_token == Some(fence))
@@ -87,7 +80,7 @@ fn expiry(
         .filter(|r| matches!(r.status, Some(200 | 201)))
         .filter_map(|r| r.expires_at)
         .max()
-        .map(|e| sim_time(server, jumps, e))
+        .map(|e| run.sim_time(e))
 }
 
 /// A program other than `crashed` whose wait for `key` began before
@@ -150,12 +143,8 @@ fn longest_round_trip(
 /// waiter's that got no answer or a 429 or 5xx (faults reach it only
 /// through its requests, and slow ones lengthen the round trips allowed),
 /// a force release, a server clock jump.
-pub(super) fn after_release(
-    events: &[Stamped],
-    server: &Server,
-    breaks: &Breaks,
-    out: &mut Vec<String>,
-) {
+pub(super) fn after_release(run: &Run<'_>, out: &mut Vec<String>) {
+    let (events, server) = (run.events, run.server);
     for released in events
         .iter()
         .filter(|e| matches!(&e.event, Event::Ended { why, .. } if why == "Released"))
@@ -230,7 +219,7 @@ pub(super) fn after_release(
             });
             // Faults reach the waiter through its requests, judged above
             // by their answers; a crash of the waiter ended its step.
-            if !waiting || breaks.any(key, began, by) {
+            if !waiting || run.breaks.any(key, began, by) {
                 continue;
             }
             let taken = later.iter().any(|e| {

@@ -5,19 +5,15 @@ use std::time::Duration;
 
 use volcano_mock_server::Operation;
 
-use super::{sim_time, Server};
-use crate::log::{Event, Stamped};
+use super::run::Run;
+use crate::log::Event;
 
 /// A release whose earlier attempt (same request id) was applied, its
 /// answer lost, and whose later attempt was answered 409 did free the
 /// lease: the call must succeed. A program told "conflict" by it was told
 /// something false.
-pub(super) fn releases(
-    events: &[Stamped],
-    server: &Server,
-    jumps: &[(Duration, Duration)],
-    out: &mut Vec<String>,
-) {
+pub(super) fn releases(run: &Run<'_>, out: &mut Vec<String>) {
+    let server = run.server;
     let journal = &server.journal;
     for (i, refused) in journal.iter().enumerate() {
         if refused.operation != Operation::Release || refused.status != Some(409) {
@@ -48,8 +44,8 @@ pub(super) fn releases(
             .filter(|answer| answer.status == 409)
             .map(|answer| answer.at)
             .collect();
-        let at = sim_time(server, jumps, refused.at);
-        let told = events.iter().find(|e| {
+        let at = run.sim_time(refused.at);
+        let told = run.events.iter().find(|e| {
             e.at >= at
                 && arrived_at.contains(&e.at)
                 && matches!(&e.event, Event::Note { client: c, what }
@@ -77,9 +73,10 @@ pub(super) fn releases(
 /// the server applied, or one whose outcome its client could not know (no
 /// answer, a 5xx). A call whose every attempt was answered 409 or 429,
 /// none applied, freed nothing: success would be false.
-pub(super) fn successes(events: &[Stamped], server: &Server, out: &mut Vec<String>) {
+pub(super) fn successes(run: &Run<'_>, out: &mut Vec<String>) {
+    let server = run.server;
     let attempts = &server.sent.attempts;
-    for e in events {
+    for e in run.events {
         let Event::Released { client, key } = &e.event else {
             continue;
         };
@@ -142,9 +139,9 @@ const BACKOFF_FLOOR: Duration = Duration::from_millis(100);
 
 /// Retries of a release back off: no two attempts of one request id are
 /// closer than [`BACKOFF_FLOOR`].
-pub(super) fn backoff(server: &Server, out: &mut Vec<String>) {
+pub(super) fn backoff(run: &Run<'_>, out: &mut Vec<String>) {
     let mut last_sent: std::collections::BTreeMap<&str, Duration> = Default::default();
-    for a in &server.sent.attempts {
+    for a in &run.server.sent.attempts {
         if a.operation != Operation::Release {
             continue;
         }

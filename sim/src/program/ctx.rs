@@ -1,0 +1,213 @@
+//! What every operation of a program shares ([`Ctx`]): the SDK's locks,
+//! the log and the fenced store, and what it does with a guard it holds.
+//! Every belief that it holds a key is logged with the guard's fence, and
+//! ended when the guard says it is lost or released; the work under a
+//! guard writes through the store, checking on the way that the guard
+//! keeps its own contract.
+
+use std::future::Future;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::Duration;
+
+use volcano::{LockGuard, Locks};
+
+use crate::log::{Event, Log};
+
+/// The store the programs write to: keys behind a fence gate (the
+/// in-memory store side of fencing), shared by every program of a run.
+#[derive(Clone, Default)]
+pub(crate) struct Gate(volcano_fence::Gate);
+
+impl Gate {
+    /// Whether the store accepts a write to `key` under `fence`.
+    fn write(&self, key: &str, fence: i64) -> bool {
+        self.0.check(key, fence).is_ok()
+    }
+}
+
+/// What an operation needs.
+pub(super) struct Ctx {
+    pub(super) id: usize,
+    pub(super) locks: Locks,
+    pub(super) log: Log,
+    gate: Gate,
+    /// The TTL the current operation asked for, in milliseconds.
+    ttl_ms: AtomicU64,
+}
+
+impl Ctx {
+    /// The context of program `id`'s operations.
+    pub(super) fn new(id: usize, locks: Locks, log: Log, gate: Gate) -> Ctx {
+        Ctx {
+            id,
+            locks,
+            log,
+            gate,
+            ttl_ms: Default::default(),
+        }
+    }
+
+    /// Notes that the current operation asked for `ttl` (every guard it
+    /// gets must say so).
+    pub(super) fn asks_for(&self, ttl: Duration) {
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX);
+        self.ttl_ms.store(ttl_ms, Ordering::Relaxed);
+    }
+
+    /// Logs an operation's outcome worth a line.
+    pub(super) fn note(&self, what: impl Into<String>) {
+        self.log.push(Event::Note {
+            client: self.id,
+            what: what.into(),
+        });
+    }
+
+    /// Logs how a release of `key` ended.
+    pub(super) fn released(&self, key: &str, result: volcano::Result<()>) {
+        match result {
+            Ok(()) => self.log.push(Event::Released {
+                client: self.id,
+                key: key.to_owned(),
+            }),
+            Err(err) => self.note(format!("release of {key}: {err}")),
+        }
+    }
+
+    /// A release this program sent by hand did not free `key` (the lease
+    /// with `fence`, when known).
+    pub(super) fn kept(&self, key: &str, fence: Option<i64>) {
+        self.log.push(Event::Kept {
+            client: self.id,
+            key: key.to_owned(),
+            fence,
+        });
+    }
+
+    /// Logs that this program believes it holds the guard's key from now
+    /// on, and ends that belief when the guard is lost or released. The
+    /// returned future completes once the end is logged.
+    pub(super) fn believe(&self, guard: &LockGuard) -> impl Future<Output = ()> + 'static {
+        let asked = Duration::from_millis(self.ttl_ms.load(Ordering::Relaxed));
+        if guard.ttl() != asked {
+            self.log.push(Event::Contract {
+                client: self.id,
+                what: format!(
+                    "guard.ttl() is {:?}; the hold asked for {asked:?}",
+                    guard.ttl()
+                ),
+            });
+        }
+        let lease = guard.lease();
+        let (key, fence) = (lease.key().to_owned(), lease.fencing_token());
+        self.log.push(Event::Believes {
+            client: self.id,
+            key: key.clone(),
+            fence,
+        });
+        let (log, client, guard) = (self.log.clone(), self.id, guard.clone());
+        let (done, ended) = tokio::sync::oneshot::channel();
+        tokio::task::spawn_local(async move {
+            guard.lost().await;
+            if !guard.is_lost() {
+                log.push(Event::Contract {
+                    client,
+                    what: format!("lost() resolved on {key} while is_lost() is false"),
+                });
+            }
+            let why = guard
+                .failure()
+                .map_or_else(|| "ended".to_owned(), |lost| format!("{:?}", lost.reason()));
+            log.push(Event::Ended {
+                client,
+                key,
+                fence,
+                why,
+            });
+            let _ = done.send(());
+        });
+        async move {
+            let _ = ended.await;
+        }
+    }
+
+    /// The protected work: writes through the gate under each guard, while
+    /// they all still hold, until `work` has passed or one is lost.
+    pub(super) async fn work(&self, guards: &[&LockGuard], work: Duration) {
+        let end = tokio::time::Instant::now() + work;
+        let any_lost = || guards.iter().any(|g| g.is_lost());
+        while tokio::time::Instant::now() < end && !any_lost() {
+            for guard in guards {
+                let lease = guard.lease();
+                self.keeps_its_word(guard, lease.key()).await;
+                let remaining = guard.remaining();
+                let accepted = self.gate.write(lease.key(), lease.fencing_token());
+                self.log.push(Event::Wrote {
+                    client: self.id,
+                    key: lease.key().to_owned(),
+                    fence: lease.fencing_token(),
+                    accepted,
+                    remaining,
+                });
+            }
+            let lost = guards.iter().map(|g| Box::pin(g.lost()));
+            tokio::select! {
+                biased;
+                _ = futures_any(lost) => {}
+                () = tokio::time::sleep(Duration::from_millis(700)) => {}
+            }
+        }
+    }
+
+    /// A held set has a guard for every key asked for.
+    pub(super) fn whole_set(&self, guards: usize, asked: usize) {
+        if guards != asked {
+            self.log.push(Event::Contract {
+                client: self.id,
+                what: format!("a held set lists {guards} keys with guards; {asked} were asked for"),
+            });
+        }
+    }
+
+    /// What a guard says about itself agrees with itself: its key, and
+    /// `is_lost()`, `wait_lost(0)` and `failure()`.
+    async fn keeps_its_word(&self, guard: &LockGuard, key: &str) {
+        let mut broken = Vec::new();
+        if guard.key() != key {
+            broken.push(format!("key() is {:?}, its lease's {key:?}", guard.key()));
+        }
+        let lost = guard.is_lost();
+        if guard.wait_lost(Duration::ZERO).await != lost {
+            broken.push(format!("wait_lost(0) disagrees with is_lost() ({lost})"));
+        }
+        if lost && guard.failure().is_none() {
+            broken.push("is_lost() without a failure()".to_owned());
+        }
+        for what in broken {
+            self.log.push(Event::Contract {
+                client: self.id,
+                what,
+            });
+        }
+    }
+}
+
+/// Waits for every future.
+pub(super) async fn futures_all(all: Vec<impl Future<Output = ()>>) {
+    for f in all {
+        f.await;
+    }
+}
+
+/// Completes when any of `futures` does (never, when there are none).
+async fn futures_any<F: Future<Output = ()> + Unpin>(futures: impl Iterator<Item = F>) {
+    let mut futures: Vec<F> = futures.collect();
+    std::future::poll_fn(|cx| {
+        for f in &mut futures {
+            if std::pin::Pin::new(f).poll(cx).is_ready() {
+                return std::task::Poll::Ready(());
+            }
+        }
+        std::task::Poll::Pending
+    })
+    .await;
+}
