@@ -292,8 +292,12 @@ impl LockLost {
         self
     }
 
-    pub(crate) fn with_cause(mut self, cause: Error) -> Self {
-        self.cause = Some(Arc::new(cause));
+    pub(crate) fn with_cause(self, cause: Error) -> Self {
+        self.with_shared_cause(Arc::new(cause))
+    }
+
+    pub(crate) fn with_shared_cause(mut self, cause: Arc<Error>) -> Self {
+        self.cause = Some(cause);
         self
     }
 

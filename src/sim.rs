@@ -68,6 +68,9 @@ pub enum Sabotage {
     /// A waiter does not ramp: it tries at the poll interval from the
     /// start (a graceful release goes unseen for up to that long).
     NoRamp,
+    /// Renewals that fail transiently never put the lock at risk: it is
+    /// lost without an early warning.
+    NoRiskWarning,
 }
 
 thread_local! {
@@ -94,6 +97,12 @@ pub fn enter(seed: Option<u64>) {
 /// ([`LeaseClock`] advances on it play suspends; see [`lease_clock`]).
 pub fn client(builder: ClientBuilder, network: impl Network) -> Result<Client> {
     builder.build_over(Some(Box::new(Over(network))))
+}
+
+/// How many at-risk episodes `guard`'s lease has begun (each one a
+/// stretch of failing renewals while the lease was still ours).
+pub fn at_risk_episodes(guard: &crate::LockGuard) -> u64 {
+    guard.state.risk.episodes()
 }
 
 /// A lease clock on the runtime's clock: `advance` plays a suspend.

@@ -64,6 +64,12 @@ pub(crate) fn lost(reason: LostReason) {
     let _ = reason;
 }
 
+/// An at-risk episode began: a held lock's renewals are failing.
+pub(crate) fn at_risk() {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("volcano_lock_at_risk_total").increment(1);
+}
+
 /// A renewing lock (`hold`, `with_lock`, a leader's term) began.
 pub(crate) fn hold_started() {
     #[cfg(feature = "metrics")]

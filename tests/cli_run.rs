@@ -142,6 +142,45 @@ async fn a_command_that_outlives_several_renewals_keeps_the_lock_and_gives_its_e
     assert!(!live(&server, "report"), "released when the command exited");
 }
 
+/// Renewals answered 503 twice, then accepted: the command goes on, the
+/// episode is said once on standard error and counted in the summary.
+#[tokio::test]
+async fn renewals_failing_for_a_while_are_said_once_and_counted() {
+    use volcano_mock_server::Fault;
+    let server = MockServer::start().await;
+    server.inject(Fault::status(503).on(Operation::Renew).times(2));
+    let child = volcano(
+        &server,
+        &[
+            "--output",
+            "json",
+            "locks",
+            "run",
+            "report",
+            "--ttl",
+            "5",
+            "--",
+            "/bin/sh",
+            "-c",
+            "sleep 5; exit 0",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    let ended = ended(child).await;
+    assert_eq!(ended.code, Some(0), "{}", ended.stderr);
+    let summary = ended.summary();
+    assert_eq!(summary["lost"], false, "{summary}");
+    assert_eq!(summary["at_risk"], 1, "{summary}");
+    assert_eq!(
+        ended.stderr.matches("at risk").count(),
+        1,
+        "{}",
+        ended.stderr
+    );
+    assert!(ended.stderr.contains("HTTP 503"), "{}", ended.stderr);
+}
+
 #[tokio::test]
 async fn a_force_released_lock_stops_the_command_and_exits_8() {
     let server = MockServer::start().await;

@@ -109,3 +109,12 @@ fn finds_a_waiter_that_does_not_ramp() {
         "seed {seed}: {violation}"
     );
 }
+
+#[test]
+fn finds_a_lock_lost_without_an_early_warning() {
+    let (seed, violation) = first_found(Sabotage::NoRiskWarning).expect("found within the bound");
+    assert!(
+        violation.contains("without an at_risk warning"),
+        "seed {seed}: {violation}"
+    );
+}

@@ -38,7 +38,7 @@ pub use builders::hold::{Hold, HoldAll};
 pub use builders::leader::Leader;
 pub use builders::requests::{Acquire, ForceRelease, Get, Release, Renew};
 pub use builders::scope::{TryWithLock, WithLock, WithLocks};
-pub use handles::guard::LockGuard;
+pub use handles::guard::{AtRisk, LockGuard};
 pub use handles::held::HeldLock;
 pub use handles::set::{HeldLocks, LockSet};
 pub use options::AcquireOptions;

@@ -9,7 +9,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use volcano::{LockGuard, Locks};
+use volcano::{Error, LockGuard, Locks, LostReason};
 
 use crate::log::{Event, Log};
 
@@ -114,6 +114,22 @@ impl Ctx {
                     what: format!("lost() resolved on {key} while is_lost() is false"),
                 });
             }
+            // A loss to renewals that kept failing transiently comes after
+            // an early warning (an at-risk episode), never without one.
+            if let Some(lost) = guard.failure() {
+                let failing = matches!(
+                    lost.reason(),
+                    LostReason::RenewalFailed | LostReason::Expired
+                ) && lost.cause().is_some_and(Error::is_transient);
+                if failing && volcano::sim::at_risk_episodes(&guard) == 0 {
+                    log.push(Event::Contract {
+                        client,
+                        what: format!(
+                            "{key} was lost to failing renewals without an at_risk warning first: {lost}"
+                        ),
+                    });
+                }
+            }
             let why = guard
                 .failure()
                 .map_or_else(|| "ended".to_owned(), |lost| format!("{:?}", lost.reason()));
@@ -181,6 +197,17 @@ impl Ctx {
         }
         if lost && guard.failure().is_none() {
             broken.push("is_lost() without a failure()".to_owned());
+        }
+        if let Some(risk) = guard.at_risk() {
+            if guard.is_lost() {
+                broken.push(format!("at_risk() while lost: {risk}"));
+            }
+            if !risk.cause().is_transient() && !matches!(risk.cause(), Error::InvalidResponse(_)) {
+                broken.push(format!("at risk for an answer that is a refusal: {risk}"));
+            }
+            if risk.remaining() > guard.ttl() {
+                broken.push(format!("at risk with more than its ttl left: {risk}"));
+            }
         }
         for what in broken {
             self.log.push(Event::Contract {

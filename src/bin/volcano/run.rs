@@ -81,13 +81,16 @@ struct Holding<'a> {
     started: Instant,
 }
 
-/// What was done to stop the command after a loss.
+/// What was done to stop the command after a loss, and what the lock
+/// went through meanwhile.
 #[derive(Clone, Copy)]
 struct Stopped {
     /// It was sent SIGTERM.
     terminated: bool,
     /// It was sent SIGKILL too, `--kill-after` later.
     killed: bool,
+    /// Episodes of failing renewals while it ran (each said once).
+    at_risk: u32,
 }
 
 pub(crate) async fn run(locks: &Locks, args: RunArgs) -> Result<Ran, Failure> {
@@ -185,6 +188,7 @@ async fn not_started(holding: Holding<'_>, program: &str, err: &std::io::Error) 
         "signal": null,
         "started": false,
         "lost": false,
+        "at_risk": 0,
         "held_secs": secs(holding.started.elapsed()),
     });
     Ran {
@@ -205,6 +209,8 @@ async fn supervise(
 ) -> (std::io::Result<ExitStatus>, Stopped) {
     let mut lost_at: Option<Instant> = None;
     let mut killed = false;
+    let mut at_risk = 0;
+    let mut risky = false;
     let status = loop {
         let kill_at = lost_at.map(|at| tokio::time::Instant::from_std(at + kill_after));
         tokio::select! {
@@ -212,6 +218,15 @@ async fn supervise(
             _ = held.lost(), if lost_at.is_none() => {
                 lost_at = Some(Instant::now());
                 signal_child(child, own_group, Stop::Terminate);
+            }
+            () = held.at_risk_changed(), if lost_at.is_none() => {
+                // Said once an episode, when it begins; the command goes on.
+                let risk = held.at_risk();
+                if let (false, Some(risk)) = (risky, &risk) {
+                    at_risk += 1;
+                    eprintln!("volcano: warning: {risk}; the command goes on");
+                }
+                risky = risk.is_some();
             }
             _ = sleep_until(kill_at), if kill_at.is_some() && !killed => {
                 killed = true;
@@ -230,6 +245,7 @@ async fn supervise(
     let stopped = Stopped {
         terminated: lost_at.is_some(),
         killed,
+        at_risk,
     };
     (status, stopped)
 }
@@ -277,6 +293,7 @@ async fn finish(holding: Holding<'_>, status: ExitStatus, stopped: Stopped) -> R
         "started": true,
         "lost": loss.is_some(),
         "lost_reason": loss.as_ref().map(|l| l.reason().to_string()),
+        "at_risk": stopped.at_risk,
         "held_secs": secs(held_for),
     });
     Ran {

@@ -13,7 +13,7 @@
 //!   outcome, and waiting for a held lock, with [`wait`] (the pacing of the
 //!   tries) and [`turns`] (waiters of one client on one key);
 //! - [`state`]: a held lease's local deadline and lost-ownership signal;
-//!   [`renewal`]: the background renewal;
+//!   [`risk`]: its early warning; [`renewal`]: the background renewal;
 //! - [`release`]: the one release policy, in the foreground and behind it;
 //! - [`hold`]: a lock held until released or dropped; [`scope`]: a closure
 //!   run while held; [`set`]: several keys, all or nothing; [`leader`]:
@@ -34,6 +34,7 @@ pub(crate) mod leader;
 pub(crate) mod release;
 pub(crate) mod renewal;
 pub(crate) mod requests;
+pub(crate) mod risk;
 pub(crate) mod scope;
 pub(crate) mod set;
 pub(crate) mod state;

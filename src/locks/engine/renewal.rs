@@ -52,7 +52,13 @@ pub(crate) async fn renew_in_window(state: &State, locks: &Locks) -> Result<(), 
                 );
                 return state.renewed(renewed);
             }
-            Err(err) if worth_another_attempt(&err) => err,
+            Err(err) if worth_another_attempt(&err) => {
+                let err = Arc::new(err);
+                state
+                    .risk
+                    .failing(&state.key, err.clone(), state.remaining());
+                err
+            }
             Err(err) => {
                 tally.settle("failed");
                 return Err(
@@ -103,7 +109,7 @@ async fn send(
 struct Retrying {
     backoff: retry::Backoff,
     /// The last transient failure, for the loss if the window closes.
-    last_error: Option<Error>,
+    last_error: Option<Arc<Error>>,
     /// The next attempt is the last one the window has room for.
     last_try: bool,
 }
@@ -142,12 +148,12 @@ impl Retrying {
 /// kept refusing (`503`, `429`, ...) is [`LostReason::RenewalFailed`] with
 /// its last answer; no answer before the deadline is
 /// [`LostReason::Expired`].
-fn gave_up(key: &str, last_error: Option<Error>) -> LockLost {
+fn gave_up(key: &str, last_error: Option<Arc<Error>>) -> LockLost {
     match last_error {
         Some(err) if !err.is_transport() => {
-            LockLost::new(key, LostReason::RenewalFailed).with_cause(err)
+            LockLost::new(key, LostReason::RenewalFailed).with_shared_cause(err)
         }
-        Some(err) => LockLost::new(key, LostReason::Expired).with_cause(err),
+        Some(err) => LockLost::new(key, LostReason::Expired).with_shared_cause(err),
         None => LockLost::new(key, LostReason::Expired),
     }
 }

@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use tokio::sync::watch;
 
+use super::risk::Risk;
 use super::{release, Measured};
 use crate::clock::{Jumps, LeaseClock};
 use crate::error::{LockLost, LostReason};
@@ -95,6 +96,8 @@ pub(crate) struct State {
     max_hold: Option<MaxHold>,
     current: Mutex<Current>,
     pub(crate) lost: watch::Sender<bool>,
+    /// Renewals failing while the lease is still ours.
+    pub(crate) risk: Risk,
 }
 
 impl State {
@@ -123,6 +126,7 @@ impl State {
             }),
             clock,
             lost: watch::Sender::new(false),
+            risk: Risk::new(),
         }
     }
 
@@ -179,6 +183,7 @@ impl State {
                 "max hold time reached",
             );
         }
+        self.risk.clear(&self.key, false);
         self.lost
             .send_if_modified(|flag| !std::mem::replace(flag, true));
         crate::telemetry::lost(lost.reason());
@@ -262,6 +267,7 @@ impl State {
         if left <= SAFETY_MARGIN + REQUEST_BUDGET {
             return Err(LockLost::new(self.key.clone(), LostReason::NoSafeWindow));
         }
+        self.risk.clear(&self.key, true);
         Ok(())
     }
 

@@ -1,12 +1,13 @@
 //! [`LockGuard`]: what protected code holds to see the latest lease and
 //! learn that ownership was lost.
 
+use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
 
-use crate::error::{LockLost, LostReason};
+use crate::error::{Error, LockLost, LostReason};
 use crate::lease::LockLease;
 use crate::locks::engine::state::State;
 
@@ -105,6 +106,48 @@ impl LockGuard {
         self.state.failure()
     }
 
+    /// `Some` while the lease's renewals are failing (the service
+    /// unavailable, the quota spent, no answer) but the lease is still
+    /// ours by its local deadline: how long is left, and the last failure.
+    /// `None` while renewals succeed, and once the lock is lost: a refusal
+    /// (`401`, `403`, `409`) is a loss at once, never a risk. It clears
+    /// when a renewal succeeds.
+    ///
+    /// ```no_run
+    /// # async fn demo(guard: volcano::LockGuard) {
+    /// if let Some(risk) = guard.at_risk() {
+    ///     // Checkpoint now: the lock may be gone in `risk.remaining()`.
+    ///     eprintln!("{risk}");
+    /// }
+    /// # }
+    /// ```
+    pub fn at_risk(&self) -> Option<AtRisk> {
+        if self.state.check() {
+            return None;
+        }
+        let cause = self.state.risk.cause()?;
+        Some(AtRisk {
+            key: self.state.key.clone(),
+            remaining: self.state.remaining(),
+            cause,
+        })
+    }
+
+    /// Resolves at the next change of [`LockGuard::at_risk`]: an episode
+    /// of failing renewals begins or ends, or the lock is lost (after which
+    /// nothing changes any more: await it beside [`LockGuard::lost`]).
+    /// Cancel-safe.
+    pub async fn at_risk_changed(&self) {
+        let mut changed = self.state.risk.subscribe();
+        if self.state.check() {
+            return std::future::pending().await;
+        }
+        tokio::select! {
+            _ = changed.changed() => {}
+            _ = self.state.wait_lost() => {}
+        }
+    }
+
     /// Records that the protected work found the lock unusable (for example
     /// a fencing check failed). The first recorded loss wins; `with_lock`
     /// then returns `Error::LockLost` unless the closure returned an error.
@@ -121,5 +164,47 @@ impl std::fmt::Debug for LockGuard {
             .field("ttl", &self.state.ttl)
             .field("failure", &self.state.failure())
             .finish()
+    }
+}
+
+/// A held lock whose renewals are failing while its lease is still ours
+/// ([`LockGuard::at_risk`]): the time left before its local deadline, and
+/// the last failure, so that an outage (`503`, a spent quota, no answer)
+/// can be told from a loss.
+#[derive(Debug, Clone)]
+pub struct AtRisk {
+    key: String,
+    remaining: Duration,
+    cause: Arc<Error>,
+}
+
+impl AtRisk {
+    /// The lock key.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// Time left before the local deadline, when this was read: unless a
+    /// renewal succeeds first, the lock is lost then.
+    pub fn remaining(&self) -> Duration {
+        self.remaining
+    }
+
+    /// The last renewal attempt's failure.
+    pub fn cause(&self) -> &Error {
+        &self.cause
+    }
+}
+
+/// `lock "k" at risk: renewals failing, 12.5 s left: service unavailable (HTTP 503 ...)`.
+impl fmt::Display for AtRisk {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "lock {:?} at risk: renewals failing, {} left: {}",
+            self.key,
+            crate::validate::seconds(self.remaining),
+            self.cause
+        )
     }
 }

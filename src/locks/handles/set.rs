@@ -8,7 +8,7 @@ use std::pin::Pin;
 use std::sync::Arc;
 use std::task::Poll;
 
-use super::guard::LockGuard;
+use super::guard::{AtRisk, LockGuard};
 use super::held::HeldLock;
 use crate::error::{Error, LockLost, Result};
 
@@ -51,23 +51,39 @@ impl LockSet {
 
     /// Resolves once any key's ownership is lost. Cancel-safe.
     pub async fn lost(&self) {
-        let mut each: Vec<Pin<Box<dyn Future<Output = ()> + Send + '_>>> = self
-            .guards
-            .iter()
-            .map(|guard| Box::pin(guard.lost()) as Pin<Box<dyn Future<Output = ()> + Send>>)
-            .collect();
-        std::future::poll_fn(|cx| {
-            if each
-                .iter_mut()
-                .any(|lost| lost.as_mut().poll(cx).is_ready())
-            {
-                Poll::Ready(())
-            } else {
-                Poll::Pending
-            }
-        })
-        .await
+        first_of(self.guards.iter().map(|guard| guard.lost())).await
     }
+
+    /// The first key at risk, in key order ([`LockGuard::at_risk`]);
+    /// `None` once any key is lost (the set is lost).
+    pub fn at_risk(&self) -> Option<AtRisk> {
+        if self.is_lost() {
+            return None;
+        }
+        self.guards.iter().find_map(LockGuard::at_risk)
+    }
+
+    /// Resolves at the next change of any key's
+    /// [`LockGuard::at_risk_changed`]. Cancel-safe.
+    pub async fn at_risk_changed(&self) {
+        first_of(self.guards.iter().map(|guard| guard.at_risk_changed())).await
+    }
+}
+
+/// Completes when the first of `each` does.
+async fn first_of<'a, F>(each: impl Iterator<Item = F>)
+where
+    F: Future<Output = ()> + Send + 'a,
+{
+    let mut each: Vec<Pin<Box<F>>> = each.map(Box::pin).collect();
+    std::future::poll_fn(|cx| {
+        if each.iter_mut().any(|one| one.as_mut().poll(cx).is_ready()) {
+            Poll::Ready(())
+        } else {
+            Poll::Pending
+        }
+    })
+    .await
 }
 
 impl std::fmt::Debug for LockSet {

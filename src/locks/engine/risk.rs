@@ -1,0 +1,85 @@
+//! The early warning: a held lease's renewals are failing (the service
+//! unavailable, the quota spent, the network down) but the lease is still
+//! ours by its local deadline. An episode begins at the first renewal
+//! attempt that fails transiently and ends when a renewal succeeds or the
+//! lock ends; a refusal is a loss at once, never a risk.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::sync::watch;
+
+use crate::error::Error;
+
+/// A lease's risk: the last transient failure while an episode lasts.
+pub(crate) struct Risk {
+    cause: Mutex<Option<Arc<Error>>>,
+    /// Counts the changes (an episode begins or ends), for waiters.
+    changed: watch::Sender<u64>,
+    /// Episodes begun.
+    episodes: AtomicU64,
+}
+
+impl Risk {
+    pub(crate) fn new() -> Self {
+        Risk {
+            cause: Mutex::new(None),
+            changed: watch::Sender::new(0),
+            episodes: AtomicU64::new(0),
+        }
+    }
+
+    /// A renewal attempt failed transiently with `err`, `remaining` before
+    /// the local deadline: an episode begins (said once, counted), or the
+    /// one under way gets its latest cause.
+    pub(crate) fn failing(&self, key: &str, err: Arc<Error>, remaining: Duration) {
+        if sabotaged!(NoRiskWarning) {
+            return;
+        }
+        let began = {
+            let mut cause = crate::lock_unpoisoned(&self.cause);
+            let began = cause.is_none();
+            *cause = Some(err.clone());
+            began
+        };
+        if began {
+            self.episodes.fetch_add(1, Ordering::Relaxed);
+            crate::telemetry::at_risk();
+            tracing::warn!(
+                key,
+                error = %crate::error::chain(&*err),
+                remaining_ms = remaining.as_millis() as u64,
+                "lock at risk: renewals are failing; still ours until its local deadline"
+            );
+            self.changed.send_modify(|n| *n += 1);
+        }
+    }
+
+    /// The episode, if one is under way, ends: a renewal succeeded
+    /// (`renewed`), or the lock ended.
+    pub(crate) fn clear(&self, key: &str, renewed: bool) {
+        let ended = crate::lock_unpoisoned(&self.cause).take().is_some();
+        if ended {
+            if renewed {
+                tracing::info!(key, "lock no longer at risk: a renewal succeeded");
+            }
+            self.changed.send_modify(|n| *n += 1);
+        }
+    }
+
+    /// The last transient failure, while an episode lasts.
+    pub(crate) fn cause(&self) -> Option<Arc<Error>> {
+        crate::lock_unpoisoned(&self.cause).clone()
+    }
+
+    /// How many episodes have begun.
+    #[cfg_attr(not(feature = "sim"), allow(dead_code))]
+    pub(crate) fn episodes(&self) -> u64 {
+        self.episodes.load(Ordering::Relaxed)
+    }
+
+    pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
+        self.changed.subscribe()
+    }
+}
