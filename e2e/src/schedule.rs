@@ -9,8 +9,8 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use rustix::process::Signal;
 
-use crate::now_ms;
 use crate::db;
+use crate::now_ms;
 use crate::processes::{family, lock, signal, signal_family, Shared};
 use crate::proxy::{Mode, Proxy};
 
