@@ -71,6 +71,9 @@ pub enum Sabotage {
     /// Renewals that fail transiently never put the lock at risk: it is
     /// lost without an early warning.
     NoRiskWarning,
+    /// A scope's minimum hold is ignored: the lease is released as soon
+    /// as the work ends.
+    NoMinHold,
 }
 
 thread_local! {

@@ -181,6 +181,59 @@ async fn renewals_failing_for_a_while_are_said_once_and_counted() {
     assert!(ended.stderr.contains("HTTP 503"), "{}", ended.stderr);
 }
 
+/// `--min-hold`: a command that ends at once keeps the lock until the
+/// minimum has passed; a minimum longer than `--max-hold` is refused.
+#[tokio::test]
+async fn a_command_that_ends_early_keeps_the_lock_for_min_hold() {
+    let server = MockServer::start().await;
+    let started = std::time::Instant::now();
+    let child = volcano(
+        &server,
+        &[
+            "--output",
+            "json",
+            "locks",
+            "run",
+            "report",
+            "--ttl",
+            "5",
+            "--min-hold",
+            "3s",
+            "--",
+            "true",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert!(live(&server, "report"), "kept after the command ended");
+    let ended = ended(child).await;
+    assert_eq!(ended.code, Some(0), "{}", ended.stderr);
+    assert!(started.elapsed() >= Duration::from_secs(3));
+    assert_eq!(ended.summary()["lost"], false);
+    assert!(!live(&server, "report"), "released after the minimum");
+
+    let refused = volcano(
+        &server,
+        &[
+            "locks",
+            "run",
+            "report",
+            "--min-hold",
+            "10s",
+            "--max-hold",
+            "5s",
+            "--",
+            "true",
+        ],
+    )
+    .output()
+    .await
+    .unwrap();
+    assert_eq!(refused.status.code(), Some(2), "{refused:?}");
+    assert!(String::from_utf8_lossy(&refused.stderr).contains("--min-hold"));
+}
+
 #[tokio::test]
 async fn a_force_released_lock_stops_the_command_and_exits_8() {
     let server = MockServer::start().await;

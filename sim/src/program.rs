@@ -62,7 +62,7 @@ impl Program {
             .allow_insecure_http(true)
             .service_key(SERVICE_KEY)
             .timeout(TIMEOUT)
-            .lease_clock(clock);
+            .lease_clock(clock.clone());
         let (sent_count, requests) = tokio::sync::watch::channel(0);
         let network = SimNetwork {
             client: self.id,
@@ -72,7 +72,13 @@ impl Program {
         };
         let client = volcano::sim::client(builder, network)?;
         let mut rng = StdRng::seed_from_u64(self.seed);
-        let ctx = Ctx::new(self.id, client.locks(), self.log.clone(), self.gate.clone());
+        let ctx = Ctx::new(
+            self.id,
+            client.locks(),
+            self.log.clone(),
+            self.gate.clone(),
+            clock,
+        );
         for _ in 0..self.steps {
             let key = self.keys[rng.random_range(0..self.keys.len())].clone();
             let ttl = Duration::from_secs(rng.random_range(5..=12));

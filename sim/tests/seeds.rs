@@ -118,3 +118,9 @@ fn finds_a_lock_lost_without_an_early_warning() {
         "seed {seed}: {violation}"
     );
 }
+
+#[test]
+fn finds_a_minimum_hold_cut_short() {
+    let (seed, violation) = first_found(Sabotage::NoMinHold).expect("found within the bound");
+    assert!(violation.contains("min_hold"), "seed {seed}: {violation}");
+}

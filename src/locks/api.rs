@@ -207,6 +207,7 @@ impl Locks {
             ttl,
             options: AcquireOptions::default(),
             cancel_on_loss: false,
+            min_hold: None,
             f,
             into_err: E::from,
             _scope: PhantomData,

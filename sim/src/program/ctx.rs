@@ -9,7 +9,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use volcano::{Error, LockGuard, Locks, LostReason};
+use volcano::{Error, LeaseClock, LockGuard, Locks, LostReason};
 
 use crate::log::{Event, Log};
 
@@ -31,18 +31,22 @@ pub(super) struct Ctx {
     pub(super) locks: Locks,
     pub(super) log: Log,
     gate: Gate,
+    /// The client's lease clock: real time as the SDK counts it (a
+    /// suspend moves it, not the runtime's clock).
+    pub(super) clock: LeaseClock,
     /// The TTL the current operation asked for, in milliseconds.
     ttl_ms: AtomicU64,
 }
 
 impl Ctx {
     /// The context of program `id`'s operations.
-    pub(super) fn new(id: usize, locks: Locks, log: Log, gate: Gate) -> Ctx {
+    pub(super) fn new(id: usize, locks: Locks, log: Log, gate: Gate, clock: LeaseClock) -> Ctx {
         Ctx {
             id,
             locks,
             log,
             gate,
+            clock,
             ttl_ms: Default::default(),
         }
     }
@@ -171,6 +175,25 @@ impl Ctx {
                 _ = futures_any(lost) => {}
                 () = tokio::time::sleep(Duration::from_millis(700)) => {}
             }
+        }
+    }
+
+    /// A scope kept for a minimum hold ended `held` (on the lease clock)
+    /// after its closure began: not before `min`, unless its lock was
+    /// lost.
+    pub(super) fn kept_for(&self, guard: &LockGuard, min: Duration, held: Duration) {
+        if held < min
+            && guard
+                .failure()
+                .is_none_or(|lost| lost.reason() == LostReason::Released)
+        {
+            self.log.push(Event::Contract {
+                client: self.id,
+                what: format!(
+                    "min_hold {min:?} on {}: the scope ended {held:?} after it began, the lock not lost",
+                    guard.key()
+                ),
+            });
         }
     }
 

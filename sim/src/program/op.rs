@@ -144,6 +144,13 @@ pub(super) fn max_hold_for(coin: u64) -> Duration {
     Duration::from_millis(1_000 + coin % 9_000)
 }
 
+/// A minimum hold, half the time: from 1 s to 9 s (bits of the coin no
+/// other decision reads).
+pub(super) fn min_hold_for(coin: u64) -> Option<Duration> {
+    let bits = coin >> 40;
+    (bits % 2 == 0).then(|| Duration::from_millis(1_000 + (bits >> 1) % 8_000))
+}
+
 /// A per-request timeout: from 0.5 s to 4.5 s.
 pub(super) fn timeout_for(coin: u64) -> Duration {
     Duration::from_millis(500 + coin % 4_000)

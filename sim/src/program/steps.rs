@@ -8,7 +8,9 @@ use std::time::Duration;
 use volcano::LockGuard;
 
 use super::ctx::{futures_all, Ctx};
-use super::op::{campaign, max_hold_for, one_in, poll_for, timeout_for, uuid_from, wait_for, Op};
+use super::op::{
+    campaign, max_hold_for, min_hold_for, one_in, poll_for, timeout_for, uuid_from, wait_for, Op,
+};
 use crate::log::Event;
 
 impl Ctx {
@@ -27,7 +29,7 @@ impl Ctx {
         match op {
             Op::HoldShaped => self.hold_and_use(&key, ttl, wait, work, coin).await,
             Op::WithLock => self.with_lock(&key, ttl, wait, work, coin).await,
-            Op::TryWithLock => self.try_with_lock(&key, ttl, work).await,
+            Op::TryWithLock => self.try_with_lock(&key, ttl, work, coin).await,
             Op::AcquireRenewRelease => self.acquire_renew_release(&key, ttl, wait, coin).await,
             Op::Leader => self.lead(&key, ttl, work).await,
             Op::HoldAll => self.hold_all(all, ttl, wait, work, coin).await,
@@ -68,14 +70,32 @@ impl Ctx {
 
     /// Works inside a `try_with_lock` scope, unless the key is held
     /// elsewhere.
-    async fn try_with_lock(&self, key: &str, ttl: Duration, work: Duration) {
+    ///
+    /// Half the time it keeps the lock for a minimum (`min_hold`, as a
+    /// cron job does): then the scope must not end before the minimum has
+    /// passed since the closure began, unless the lock was lost.
+    async fn try_with_lock(&self, key: &str, ttl: Duration, work: Duration, coin: u64) {
+        let min_hold = min_hold_for(coin);
+        let began = std::sync::Mutex::new(None);
+        let began = &began;
         let scope = self.locks.try_with_lock(key, ttl, |guard| async move {
+            *crate::lock(began) = Some(self.clock.now());
             let ended = self.believe(&guard);
             self.work(&[&guard], work).await;
-            Ok::<_, volcano::Error>(ended)
+            Ok::<_, volcano::Error>((ended, guard))
         });
+        let scope = match min_hold {
+            Some(min) => scope.min_hold(min),
+            None => scope,
+        };
         match scope.await {
-            Ok(Some(ended)) => ended.await,
+            Ok(Some((ended, guard))) => {
+                let began = *crate::lock(began);
+                if let (Some(min), Some(began)) = (min_hold, began) {
+                    self.kept_for(&guard, min, self.clock.now().saturating_sub(began));
+                }
+                ended.await
+            }
             Ok(None) => self.note(format!("try_with_lock {key}: held elsewhere")),
             Err(err) => self.note(format!("try_with_lock {key}: {err}")),
         }

@@ -95,6 +95,7 @@ async fn execute(cli: Cli) -> Result<Done, Failure> {
             wait,
             poll_interval,
             max_hold,
+            min_hold,
             token,
             kill_after,
             ids,
@@ -114,6 +115,7 @@ async fn execute(cli: Cli) -> Result<Done, Failure> {
                     exit_code: held_exit_code,
                     quiet,
                 },
+                min_hold,
                 kill_after,
                 command,
             };

@@ -31,6 +31,8 @@ pub(crate) struct RunArgs {
     /// Its token, request id, wait, poll interval and longest hold.
     pub(crate) options: AcquireOptions,
     pub(crate) held: WhenHeld,
+    /// Keep the lock at least this long after it was acquired.
+    pub(crate) min_hold: Option<Duration>,
     pub(crate) kill_after: Duration,
     pub(crate) command: Vec<String>,
 }
@@ -100,6 +102,14 @@ pub(crate) async fn run(locks: &Locks, args: RunArgs) -> Result<Ran, Failure> {
             "no command given: volcano locks run KEY -- CMD [ARGS...]",
         )
     })?;
+    if let (Some(min), Some(max)) = (args.min_hold, args.options.get_max_hold()) {
+        if min > max {
+            return Err(fail(
+                exit::INVALID,
+                "--min-hold must not exceed --max-hold: the lock cannot be kept longer than it may be held",
+            ));
+        }
+    }
     // Signal handlers first: a signal between acquiring and starting the
     // child must not kill the CLI and leave the lease to its ttl.
     let mut signals = Signals::install()?;
@@ -128,7 +138,46 @@ pub(crate) async fn run(locks: &Locks, args: RunArgs) -> Result<Ran, Failure> {
     .await;
     let status =
         status.map_err(|e| fail(exit::OTHER, format!("lost track of the command: {e}")))?;
-    Ok(finish(holding, status, stopped).await)
+    let kept = keep_min_hold(&holding, args.min_hold, &mut signals).await;
+    Ok(finish(holding, status, stopped, kept).await)
+}
+
+/// `--min-hold`: after the command, keeps the lock until the minimum has
+/// passed since it was acquired, a loss, or a signal to the CLI (which
+/// releases at once). `None` without a minimum; else the loss, if any,
+/// when the command ended: what the summary reports, with a loss to
+/// another holder during the minimum (when the key was taken cannot be
+/// told).
+async fn keep_min_hold(
+    holding: &Holding<'_>,
+    min_hold: Option<Duration>,
+    signals: &mut Signals,
+) -> Option<Kept> {
+    let min = min_hold?;
+    let covered = holding.held.failure();
+    if covered.is_none() {
+        let until = tokio::time::Instant::from_std(holding.started + min);
+        tokio::select! {
+            _ = holding.held.lost() => {}
+            () = tokio::time::sleep_until(until) => {}
+            _ = signals.next() => {}
+        }
+    }
+    Some(Kept { covered })
+}
+
+/// A minimum hold that was kept: the loss, if any, when the command ended.
+struct Kept {
+    covered: Option<LockLost>,
+}
+
+/// A loss that shows another holder, as opposed to an expiry, a failing
+/// service or a cap.
+fn taken_by_another(lost: &LockLost) -> bool {
+    lost.reason() == volcano::LostReason::TakenOver
+        || lost
+            .cause()
+            .is_some_and(|cause| cause.is_ownership_lost() || cause.is_lock_held())
 }
 
 /// Acquires the lock. A signal while waiting for it ends the wait. A lease
@@ -252,7 +301,12 @@ async fn supervise(
 
 /// The command has exited: the lock is released, and the exit code is the
 /// command's, or 8 (9 for `--max-hold`) if the lock was lost meanwhile.
-async fn finish(holding: Holding<'_>, status: ExitStatus, stopped: Stopped) -> Ran {
+async fn finish(
+    holding: Holding<'_>,
+    status: ExitStatus,
+    stopped: Stopped,
+    kept: Option<Kept>,
+) -> Ran {
     let held_for = holding.started.elapsed();
     // Any loss up to now happened while the command ran (nothing awaited
     // since it exited), even one seen only now.
@@ -264,6 +318,12 @@ async fn finish(holding: Holding<'_>, status: ExitStatus, stopped: Stopped) -> R
     let loss = match (loss, &released) {
         (None, Err(Error::LockLost(taken))) => Some(taken.clone()),
         (loss, _) => loss,
+    };
+    // After a minimum hold: the loss when the command ended, or one to
+    // another holder since.
+    let loss = match kept {
+        Some(kept) => kept.covered.or_else(|| loss.filter(taken_by_another)),
+        None => loss,
     };
 
     let (exit_code, signal) = describe(status);

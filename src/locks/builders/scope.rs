@@ -23,6 +23,7 @@ pub struct WithLock<'f, F, E> {
     pub(crate) ttl: Duration,
     pub(crate) options: AcquireOptions,
     pub(crate) cancel_on_loss: bool,
+    pub(crate) min_hold: Option<Duration>,
     pub(crate) f: F,
     /// `E::from`, checked where `with_lock` is called, so that a missing
     /// `From<volcano::Error>` is reported there, once.
@@ -44,6 +45,7 @@ impl<F, E> std::fmt::Debug for WithLock<'_, F, E> {
             .field("ttl", &self.ttl)
             .field("options", &self.options)
             .field("cancel_on_loss", &self.cancel_on_loss)
+            .field("min_hold", &self.min_hold)
             .finish_non_exhaustive()
     }
 }
@@ -85,6 +87,29 @@ impl<F, E> WithLock<'_, F, E> {
         self.cancel_on_loss = true;
         self
     }
+
+    /// Keeps the lock at least `min_hold` after it was acquired, however
+    /// soon `f` returns: the lease is renewed and not released until then,
+    /// so a job that finishes in two seconds runs at most once per period
+    /// across hosts whose clocks and schedules differ by a few seconds
+    /// (ShedLock's `lockAtLeastFor`). The future completes when the
+    /// minimum has passed and the lease is released.
+    ///
+    /// - A panic in `f` is not held back: the lease is released at once.
+    /// - A loss ends the minimum early: the lock is not held any more. An
+    ///   expiry or a failing service during the minimum does not change
+    ///   the outcome (the lease was ours when `f` returned); a loss to
+    ///   another holder does (`Error::LockLost`), since when the key was
+    ///   taken cannot be told. Either is logged at WARN.
+    /// - It never outlives `max_hold`: a `min_hold` longer than the
+    ///   `max_hold` is `Error::InvalidArgument`, before anything is sent.
+    /// - Dropping the future releases the lease at once, as always; a
+    ///   process that shuts down drops it (`Client::shutdown` does not
+    ///   wait for a minimum).
+    pub fn min_hold(mut self, min_hold: Duration) -> Self {
+        self.min_hold = Some(min_hold);
+        self
+    }
 }
 
 impl<F, E> TryWithLock<'_, F, E> {
@@ -97,6 +122,27 @@ impl<F, E> TryWithLock<'_, F, E> {
     /// `max_hold` too), and return `Error::LockLost`.
     pub fn cancel_on_loss(self) -> Self {
         TryWithLock(self.0.cancel_on_loss())
+    }
+
+    /// Keeps the lock at least `min_hold` after it was acquired, however
+    /// soon `f` returns; see [`WithLock::min_hold`]. For a job run from
+    /// cron on several hosts: the ones whose schedule fires a little later
+    /// find the lock still held and skip (`Ok(None)`).
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: volcano::Locks) -> Result<(), volcano::Error> {
+    /// use std::time::Duration;
+    /// let ran = locks
+    ///     .try_with_lock("nightly-report", Duration::from_secs(60), |_guard| async move {
+    ///         // ... a job that may take two seconds ...
+    ///         Ok::<_, volcano::Error>(())
+    ///     })
+    ///     .min_hold(Duration::from_secs(60))
+    ///     .await?;
+    /// # let _ = ran; Ok(()) }
+    /// ```
+    pub fn min_hold(self, min_hold: Duration) -> Self {
+        TryWithLock(self.0.min_hold(min_hold))
     }
 }
 
@@ -119,13 +165,11 @@ where
         ends: Ends<T, U>,
     ) -> Pin<Box<dyn Future<Output = Result<U, E>> + Send + 'f>> {
         let spec = Spec::new(&self.locks, self.key, self.ttl, self.options);
-        Box::pin(scope::with_lock(
-            spec,
-            self.cancel_on_loss,
-            self.f,
-            self.into_err,
-            ends,
-        ))
+        let how = scope::How {
+            cancel_on_loss: self.cancel_on_loss,
+            min_hold: self.min_hold,
+        };
+        Box::pin(scope::with_lock(spec, how, self.f, self.into_err, ends))
     }
 }
 

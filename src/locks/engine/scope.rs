@@ -55,6 +55,16 @@ impl<T> Ends<T, Option<T>> {
     }
 }
 
+/// How a scope over one key holds its lock besides the acquisition's
+/// options.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct How {
+    /// Stop the closure once the lock is lost.
+    pub(crate) cancel_on_loss: bool,
+    /// Keep the lock at least this long after it was acquired.
+    pub(crate) min_hold: Option<Duration>,
+}
+
 /// A closure's scope over one key, as one future in its span (acquire,
 /// renewals, release and the closure all log in a `volcano.with_lock`
 /// span under the caller's). Built here rather than in an `async fn`
@@ -62,7 +72,7 @@ impl<T> Ends<T, Option<T>> {
 /// beside the scope's state for as long as the lock is held.
 pub(crate) fn with_lock<'f, F, Fut, T, U, E>(
     spec: Spec,
-    cancel_on_loss: bool,
+    how: How,
     f: F,
     into_err: fn(Error) -> E,
     ends: Ends<T, U>,
@@ -79,13 +89,13 @@ where
         key = %spec.key,
         fencing_token = tracing::field::Empty
     );
-    scoped(spec, span.clone(), cancel_on_loss, f, into_err, ends).instrument(span)
+    scoped(spec, span.clone(), how, f, into_err, ends).instrument(span)
 }
 
 async fn scoped<F, Fut, T, U, E>(
     spec: Spec,
     span: tracing::Span,
-    cancel_on_loss: bool,
+    how: How,
     f: F,
     into_err: fn(Error) -> E,
     ends: Ends<T, U>,
@@ -94,6 +104,9 @@ where
     F: FnOnce(LockGuard) -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {
+    if let Err(err) = check_min_hold(how.min_hold, spec.options.max_hold) {
+        return (ends.not_acquired)(err).map_err(into_err);
+    }
     // Dropping this future from here on drops `held`, which stops the
     // renewal and hands the release to the client.
     // Boxed, as is `finish` below: a future's size is that of its
@@ -103,6 +116,14 @@ where
         Err(err) => return (ends.not_acquired)(err).map_err(into_err),
     };
     let guard = LockGuard::clone(&held);
+    let state = guard.state.clone();
+    // From when the lock was handed over: at least that long after the
+    // server granted it.
+    let kept_until = how
+        .min_hold
+        .filter(|_| !sabotaged!(NoMinHold))
+        .map(|d| state.clock.now().saturating_add(d));
+    let cancel_on_loss = how.cancel_on_loss;
     let outcome = CatchUnwind(Box::pin(async move {
         let lost_guard = guard.clone();
         let work = f(guard);
@@ -117,8 +138,51 @@ where
         }
     }))
     .await;
+    // The work is done (a panic is not held back): the minimum, if any,
+    // keeps the lock. A loss meanwhile ends it; an expiry or a failing
+    // service then does not change the outcome (the lease was ours by its
+    // deadline when the work ended), but another holder does: when it
+    // took the key cannot be told, so the work may not have been covered.
+    let covered = kept_until.filter(|_| outcome.is_ok()).map(|until| {
+        let loss = state.loss();
+        (loss, until)
+    });
+    if let Some((None, until)) = &covered {
+        if let Err(lost) = state.sleep_while_held(*until).await {
+            tracing::warn!(key = %state.key, reason = %lost, "lock lost during its minimum hold");
+        }
+    }
     let (loss, released) = Box::pin(held.finish()).await;
+    let loss = match covered {
+        Some((covered, _)) => covered.or_else(|| loss.filter(taken_by_another)),
+        None => loss,
+    };
     outcome_of(outcome, loss, released, into_err).map(ends.ran)
+}
+
+/// A loss that shows another holder (a renewal or the release found
+/// another token), as opposed to an expiry, a failing service or a cap.
+fn taken_by_another(lost: &crate::LockLost) -> bool {
+    lost.reason() == crate::LostReason::TakenOver
+        || lost
+            .cause()
+            .is_some_and(|cause| cause.is_ownership_lost() || cause.is_lock_held())
+}
+
+/// A minimum hold that fits: at most the longest lease and the hold's
+/// `max_hold`.
+fn check_min_hold(min_hold: Option<Duration>, max_hold: Option<Duration>) -> crate::Result<()> {
+    match (min_hold, max_hold) {
+        (Some(min), _) if min > crate::validate::MAX_TTL => Err(Error::invalid(
+            "min_hold must be at most 90 days (the longest a lease lives)",
+        )),
+        (Some(min), Some(max)) if min > max => Err(Error::invalid(format!(
+            "min_hold ({}) must not exceed max_hold ({}): the lock cannot be kept longer than it may be held",
+            crate::validate::seconds(min),
+            crate::validate::seconds(max)
+        ))),
+        _ => Ok(()),
+    }
 }
 
 /// `with_locks`: the keys held as `hold_all` holds them, the closure run
