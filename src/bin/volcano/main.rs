@@ -15,6 +15,7 @@ mod admin;
 mod args;
 mod child;
 mod exit;
+mod keep;
 mod output;
 mod run;
 mod status;

@@ -23,6 +23,7 @@ use crate::child::{
     describe, in_terminal_foreground, shell_code, signal_child, spawn, Signals, Stop,
 };
 use crate::exit::{self, fail, Failure};
+use crate::keep::{keep_min_hold, taken_by_another, Kept};
 
 /// What `run` was asked to do. No `Debug`: it holds the ownership token.
 pub(crate) struct RunArgs {
@@ -138,46 +139,8 @@ pub(crate) async fn run(locks: &Locks, args: RunArgs) -> Result<Ran, Failure> {
     .await;
     let status =
         status.map_err(|e| fail(exit::OTHER, format!("lost track of the command: {e}")))?;
-    let kept = keep_min_hold(&holding, args.min_hold, &mut signals).await;
+    let kept = keep_min_hold(&holding.held, holding.started, args.min_hold, &mut signals).await;
     Ok(finish(holding, status, stopped, kept).await)
-}
-
-/// `--min-hold`: after the command, keeps the lock until the minimum has
-/// passed since it was acquired, a loss, or a signal to the CLI (which
-/// releases at once). `None` without a minimum; else the loss, if any,
-/// when the command ended: what the summary reports, with a loss to
-/// another holder during the minimum (when the key was taken cannot be
-/// told).
-async fn keep_min_hold(
-    holding: &Holding<'_>,
-    min_hold: Option<Duration>,
-    signals: &mut Signals,
-) -> Option<Kept> {
-    let min = min_hold?;
-    let covered = holding.held.failure();
-    if covered.is_none() {
-        let until = tokio::time::Instant::from_std(holding.started + min);
-        tokio::select! {
-            _ = holding.held.lost() => {}
-            () = tokio::time::sleep_until(until) => {}
-            _ = signals.next() => {}
-        }
-    }
-    Some(Kept { covered })
-}
-
-/// A minimum hold that was kept: the loss, if any, when the command ended.
-struct Kept {
-    covered: Option<LockLost>,
-}
-
-/// A loss that shows another holder, as opposed to an expiry, a failing
-/// service or a cap.
-fn taken_by_another(lost: &LockLost) -> bool {
-    lost.reason() == volcano::LostReason::TakenOver
-        || lost
-            .cause()
-            .is_some_and(|cause| cause.is_ownership_lost() || cause.is_lock_held())
 }
 
 /// Acquires the lock. A signal while waiting for it ends the wait. A lease
