@@ -106,7 +106,7 @@ pub use error::{
 pub use lease::{LockLease, LockState};
 pub use locks::{
     Acquire, AcquireOptions, AtRisk, ForceRelease, Get, HeldLock, HeldLocks, Hold, HoldAll, Leader,
-    LockGuard, LockSet, Locks, Release, Renew, TryWithLock, WithLock, WithLocks,
+    LeaderStatus, LockGuard, LockSet, Locks, Release, Renew, TryWithLock, WithLock, WithLocks,
 };
 pub use validate::{MAX_TTL, MIN_TTL};
 

@@ -74,6 +74,9 @@ pub enum Sabotage {
     /// A scope's minimum hold is ignored: the lease is released as soon
     /// as the work ends.
     NoMinHold,
+    /// A leader's status still says it leads after its term's lock was
+    /// lost, until the next term or the end of `run`.
+    StaleLeaderStatus,
 }
 
 thread_local! {

@@ -47,17 +47,25 @@ pub(crate) fn renewal(outcome: &'static str) {
     let _ = outcome;
 }
 
-/// A guard lost ownership (not counted: an ordinary release).
-pub(crate) fn lost(reason: LostReason) {
-    let reason = match reason {
-        LostReason::Released => return,
+/// A loss's metrics label.
+pub(crate) fn reason(reason: LostReason) -> &'static str {
+    match reason {
+        LostReason::Released => "released",
         LostReason::RenewalFailed => "renewal_failed",
         LostReason::Expired => "expired",
         LostReason::NoSafeWindow => "no_safe_window",
         LostReason::Marked => "marked",
         LostReason::MaxHold => "max_hold",
         LostReason::TakenOver => "taken_over",
-    };
+    }
+}
+
+/// A guard lost ownership (not counted: an ordinary release).
+pub(crate) fn lost(reason: LostReason) {
+    if reason == LostReason::Released {
+        return;
+    }
+    let reason = self::reason(reason);
     #[cfg(feature = "metrics")]
     metrics::counter!("volcano_lock_losses_total", "reason" => reason).increment(1);
     #[cfg(not(feature = "metrics"))]
@@ -85,4 +93,32 @@ pub(crate) fn hold_ended(held: Duration) {
     }
     #[cfg(not(feature = "metrics"))]
     let _ = held;
+}
+
+/// A candidate was elected (`key`: the label, when asked for).
+pub(crate) fn leader_elected(key: Option<&str>, fencing_token: i64) {
+    #[cfg(feature = "metrics")]
+    {
+        let labels: Vec<(&'static str, String)> =
+            key.map(|key| ("key", key.to_owned())).into_iter().collect();
+        metrics::counter!("volcano_leader_terms_total", &labels).increment(1);
+        metrics::gauge!("volcano_leader_is_leader", &labels).set(1.0);
+        metrics::gauge!("volcano_leader_fencing_token", &labels).set(fencing_token as f64);
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (key, fencing_token);
+}
+
+/// A term ended, for `why`: `resigned`, `returned`, or the loss's reason.
+pub(crate) fn leader_ended(key: Option<&str>, why: &'static str) {
+    #[cfg(feature = "metrics")]
+    {
+        let mut labels: Vec<(&'static str, String)> =
+            key.map(|key| ("key", key.to_owned())).into_iter().collect();
+        metrics::gauge!("volcano_leader_is_leader", &labels).set(0.0);
+        labels.push(("reason", why.to_owned()));
+        metrics::counter!("volcano_leader_terms_ended_total", &labels).increment(1);
+    }
+    #[cfg(not(feature = "metrics"))]
+    let _ = (key, why);
 }

@@ -184,4 +184,41 @@ async fn acquires_renewals_losses_and_held_locks_are_recorded() {
         m.total(losses, &[("reason", "expired")]),
         expired_before + 1.0
     );
+
+    // A leader's terms: won, then ended by `until`; its at-risk episode
+    // counted. The key is a label only when asked for.
+    server.inject(Fault::status(503).on(Operation::Renew).times(1));
+    let (resign, resigned) = tokio::sync::oneshot::channel::<()>();
+    let leader = locks
+        .leader("scheduler", Duration::from_secs(5))
+        .key_in_metrics();
+    let mut status = leader.status();
+    let run = tokio::spawn(
+        leader
+            .until(async {
+                let _ = resigned.await;
+            })
+            .run(|term| async move {
+                term.lost().await;
+                Ok::<(), Error>(())
+            }),
+    );
+    let leading = status.wait_for(|s| matches!(s, volcano::LeaderStatus::Leading { .. }));
+    tokio::time::timeout(Duration::from_secs(5), leading)
+        .await
+        .expect("elected")
+        .unwrap();
+    let key = [("key", "scheduler")];
+    assert_eq!(m.total("volcano_leader_terms_total", &key), 1.0);
+    let risked = eventually(Duration::from_secs(6), || {
+        m.total("volcano_lock_at_risk_total", &[]) >= 1.0
+    });
+    assert!(
+        risked.await,
+        "the 503 on a renewal began an at-risk episode"
+    );
+    let _ = resign.send(());
+    run.await.unwrap().unwrap();
+    let ended = [("key", "scheduler"), ("reason", "resigned")];
+    assert_eq!(m.total("volcano_leader_terms_ended_total", &ended), 1.0);
 }

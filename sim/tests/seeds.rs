@@ -124,3 +124,13 @@ fn finds_a_minimum_hold_cut_short() {
     let (seed, violation) = first_found(Sabotage::NoMinHold).expect("found within the bound");
     assert!(violation.contains("min_hold"), "seed {seed}: {violation}");
 }
+
+#[test]
+fn finds_a_leader_status_that_outlives_its_term() {
+    let (seed, violation) =
+        first_found(Sabotage::StaleLeaderStatus).expect("found within the bound");
+    assert!(
+        violation.contains("still says leading"),
+        "seed {seed}: {violation}"
+    );
+}

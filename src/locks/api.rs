@@ -9,8 +9,8 @@ use std::time::Duration;
 use crate::error::Error;
 use crate::lease::LockLease;
 use crate::locks::{
-    Acquire, AcquireOptions, ForceRelease, Get, Hold, HoldAll, Leader, LockGuard, LockSet, Locks,
-    Release, Renew, RequestOptions, TryWithLock, WithLock, WithLocks,
+    Acquire, AcquireOptions, ForceRelease, Get, Hold, HoldAll, Leader, LeaderStatus, LockGuard,
+    LockSet, Locks, Release, Renew, RequestOptions, TryWithLock, WithLock, WithLocks,
 };
 
 impl Locks {
@@ -380,6 +380,8 @@ impl Locks {
             ttl,
             options: AcquireOptions::default(),
             until: None,
+            status: tokio::sync::watch::Sender::new(LeaderStatus::Following),
+            key_in_metrics: false,
         }
     }
 }

@@ -9,7 +9,8 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use volcano::{Error, LeaseClock, LockGuard, Locks, LostReason};
+use tokio::sync::watch;
+use volcano::{Error, LeaderStatus, LeaseClock, LockGuard, Locks, LostReason};
 
 use crate::log::{Event, Log};
 
@@ -91,6 +92,17 @@ impl Ctx {
     /// on, and ends that belief when the guard is lost or released. The
     /// returned future completes once the end is logged.
     pub(super) fn believe(&self, guard: &LockGuard) -> impl Future<Output = ()> + 'static {
+        self.believe_term(guard, None)
+    }
+
+    /// [`Ctx::believe`] for a leader's term, whose `status` must say it
+    /// leads under the term's fence while the term runs, and no longer
+    /// once its lock is lost (by the time the candidate's task has run).
+    pub(super) fn believe_term(
+        &self,
+        guard: &LockGuard,
+        status: Option<watch::Receiver<LeaderStatus>>,
+    ) -> impl Future<Output = ()> + 'static {
         let asked = Duration::from_millis(self.ttl_ms.load(Ordering::Relaxed));
         if guard.ttl() != asked {
             self.log.push(Event::Contract {
@@ -108,10 +120,38 @@ impl Ctx {
             key: key.clone(),
             fence,
         });
+        if let Some(status) = &status {
+            let leading = matches!(
+                *status.borrow(),
+                LeaderStatus::Leading { fencing_token, .. } if fencing_token == fence
+            );
+            if !leading && !guard.is_lost() {
+                self.log.push(Event::Contract {
+                    client: self.id,
+                    what: format!(
+                        "a term on {key} (fence {fence}) runs while the status says {:?}",
+                        *status.borrow()
+                    ),
+                });
+            }
+        }
         let (log, client, guard) = (self.log.clone(), self.id, guard.clone());
         let (done, ended) = tokio::sync::oneshot::channel();
         tokio::task::spawn_local(async move {
             guard.lost().await;
+            if let Some(status) = status {
+                // The candidate's task wakes on the same loss: let it run.
+                for _ in 0..4 {
+                    tokio::task::yield_now().await;
+                }
+                if matches!(*status.borrow(), LeaderStatus::Leading { fencing_token, .. } if fencing_token == fence)
+                {
+                    log.push(Event::Contract {
+                        client,
+                        what: format!("the status still says leading on {key} (fence {fence}) after the term's lock ended"),
+                    });
+                }
+            }
             if !guard.is_lost() {
                 log.push(Event::Contract {
                     client,

@@ -303,17 +303,26 @@ impl Ctx {
     /// Leader election for a while: each term writes through the gate.
     async fn lead(&self, key: &str, ttl: Duration, work: Duration) {
         let until = tokio::time::sleep(campaign(work));
-        let result = self
-            .locks
-            .leader(key, ttl)
-            .until(until)
+        let leader = self.locks.leader(key, ttl).until(until);
+        let status = leader.status();
+        let watched = &status;
+        let result = leader
             .run(|term| async move {
-                let ended = self.believe(&term);
+                let ended = self.believe_term(&term, Some(watched.clone()));
                 self.work(&[&term], Duration::from_secs(3600)).await;
                 ended.await;
                 Ok::<_, volcano::Error>(())
             })
             .await;
+        if *status.borrow() != volcano::LeaderStatus::Stopped {
+            self.log.push(Event::Contract {
+                client: self.id,
+                what: format!(
+                    "leader on {key}: run returned while its status says {:?}",
+                    *status.borrow()
+                ),
+            });
+        }
         if let Err(err) = result {
             self.note(format!("leader {key}: {err}"));
         }

@@ -5,6 +5,8 @@ use std::future::Future;
 use std::pin::Pin;
 use std::time::Duration;
 
+use tokio::sync::watch;
+
 use crate::error::Error;
 use crate::locks::engine::{self, leader::Signal};
 use crate::locks::{AcquireOptions, LockGuard, Locks};
@@ -19,6 +21,54 @@ pub struct Leader {
     /// deadline, with a token generated per campaign).
     pub(crate) options: AcquireOptions,
     pub(crate) until: Option<Signal>,
+    /// What [`Leader::status`] watches.
+    pub(crate) status: watch::Sender<LeaderStatus>,
+    /// Label the leader's metrics with its key.
+    pub(crate) key_in_metrics: bool,
+}
+
+/// Where a [`Leader`] stands, for a readiness probe: read from a watch
+/// channel ([`Leader::status`]) without any request to the service.
+///
+/// ```no_run
+/// # async fn demo(locks: volcano::Locks) {
+/// use std::time::Duration;
+/// let leader = locks.leader("scheduler", Duration::from_secs(15));
+/// let status = leader.status();
+/// tokio::spawn(leader.run(|term| async move {
+///     term.lost().await;
+///     Ok::<(), volcano::Error>(())
+/// }));
+/// let ready = matches!(
+///     *status.borrow(),
+///     volcano::LeaderStatus::Leading { at_risk: false, .. } | volcano::LeaderStatus::Following
+/// );
+/// # let _ = ready; }
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum LeaderStatus {
+    /// This candidate leads: its term runs under the lease with this
+    /// fencing token. `at_risk`: the term's renewals are failing while the
+    /// lease is still ours ([`LockGuard::at_risk`]). It turns to another
+    /// status as soon as the term's lock is lost, before the next campaign.
+    Leading {
+        /// The term's fencing token.
+        fencing_token: i64,
+        /// The term's renewals are failing.
+        at_risk: bool,
+    },
+    /// Campaigning (or not started yet): another candidate leads, or the
+    /// key is about to be taken.
+    Following,
+    /// Campaigning, and the service has not answered the campaign's tries
+    /// (no answer, a 5xx) since `since`.
+    Unreachable {
+        /// When the tries began to fail without an answer.
+        since: std::time::Instant,
+    },
+    /// `run` has returned: this candidate neither leads nor campaigns.
+    Stopped,
 }
 
 impl std::fmt::Debug for Leader {
@@ -28,6 +78,7 @@ impl std::fmt::Debug for Leader {
             .field("ttl", &self.ttl)
             .field("options", &self.options)
             .field("until", &self.until.as_ref().map(|_| "..."))
+            .field("status", &*self.status.borrow())
             .finish()
     }
 }
@@ -42,6 +93,23 @@ impl Leader {
     /// `signal` completes, for example on SIGTERM.
     pub fn until(mut self, signal: impl Future<Output = ()> + Send + 'static) -> Self {
         self.until = Some(Box::pin(signal));
+        self
+    }
+
+    /// Where this candidate stands, as a watch channel that `run` keeps
+    /// up to date: [`LeaderStatus::Following`] until it is elected,
+    /// `Leading` while a term runs, `Unreachable` while campaigning
+    /// without answers from the service, `Stopped` once `run` returned.
+    /// Take it before calling `run`; clones see the same values.
+    pub fn status(&self) -> watch::Receiver<LeaderStatus> {
+        self.status.subscribe()
+    }
+
+    /// Labels the leader's metrics (`volcano_leader_*`) with its key. Off
+    /// by default, so that the metrics' cardinality stays bounded
+    /// whatever keys an application elects on.
+    pub fn key_in_metrics(mut self) -> Self {
+        self.key_in_metrics = true;
         self
     }
 
@@ -62,7 +130,12 @@ impl Leader {
             ttl,
             options,
             until,
+            status,
+            key_in_metrics,
         } = self;
-        Box::pin(engine::leader::elect(locks, key, ttl, options, until, term))
+        let report = engine::leader::Report::new(status, key_in_metrics.then(|| key.clone()));
+        Box::pin(engine::leader::elect(
+            locks, key, ttl, options, until, report, term,
+        ))
     }
 }

@@ -196,6 +196,7 @@ pub(crate) async fn acquire(spec: Spec) -> Result<Measured> {
         ttl,
         owner,
         options,
+        reach,
     } = spec;
     let ttl_secs = validate::ttl(ttl)?;
     validate::key(&key)?;
@@ -220,6 +221,7 @@ pub(crate) async fn acquire(spec: Spec) -> Result<Measured> {
         token: &token,
         request_id: &request_id,
         timeout: request.timeout,
+        reach: reach.as_ref(),
     };
     let started = std::time::Instant::now();
     let result = match options.wait {
@@ -247,6 +249,7 @@ struct Try<'a> {
     token: &'a str,
     request_id: &'a str,
     timeout: Option<Duration>,
+    reach: Option<&'a super::Reach>,
 }
 
 impl Try<'_> {
@@ -291,7 +294,12 @@ impl Try<'_> {
                     match self.once(window, undo).await {
                         Ok(measured) => return Ok(measured),
                         Err(err) => {
+                            let was = waiter.failing_since();
                             self.log_episode(waiter.episode(&err), &err);
+                            let now = waiter.failing_since();
+                            if let (Some(reach), true) = (self.reach, was != now) {
+                                reach(now);
+                            }
                             if !err.is_lock_held() {
                                 failed = Some(crate::error::chain(&err));
                             }

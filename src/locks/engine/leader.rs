@@ -4,13 +4,15 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
+use tokio::sync::watch;
 use tracing::Instrument;
 
 use super::{Owner, Spec};
 use crate::error::{Error, LostReason};
-use crate::locks::{AcquireOptions, LockGuard, Locks};
+use crate::locks::{AcquireOptions, LeaderStatus, LockGuard, Locks};
 use crate::retry::wait::DEFAULT_POLL;
 use crate::validate;
 
@@ -26,6 +28,88 @@ enum TermEnd<E> {
     Lost,
 }
 
+/// What a candidate tells the world: its [`LeaderStatus`] and its
+/// metrics (`volcano_leader_*`, labelled with the key only when asked).
+pub(crate) struct Report {
+    status: Arc<watch::Sender<LeaderStatus>>,
+    key: Option<String>,
+}
+
+impl Report {
+    pub(crate) fn new(status: watch::Sender<LeaderStatus>, key: Option<String>) -> Self {
+        Report {
+            status: Arc::new(status),
+            key,
+        }
+    }
+
+    fn set(&self, status: LeaderStatus) {
+        self.status.send_if_modified(|now| {
+            let changed = *now != status;
+            *now = status;
+            changed
+        });
+    }
+
+    /// Campaigning: told whether the service answers the campaign's tries.
+    fn campaigning(&self) -> super::Reach {
+        self.set(LeaderStatus::Following);
+        let status = self.status.clone();
+        Arc::new(move |since: Option<tokio::time::Instant>| {
+            status.send_if_modified(|now| match (since, *now) {
+                (Some(since), LeaderStatus::Following) => {
+                    *now = LeaderStatus::Unreachable {
+                        since: since.into_std(),
+                    };
+                    true
+                }
+                (None, LeaderStatus::Unreachable { .. }) => {
+                    *now = LeaderStatus::Following;
+                    true
+                }
+                _ => false,
+            });
+        })
+    }
+
+    fn elected(&self, fencing_token: i64) {
+        self.set(LeaderStatus::Leading {
+            fencing_token,
+            at_risk: false,
+        });
+        crate::telemetry::leader_elected(self.key.as_deref(), fencing_token);
+    }
+
+    fn at_risk(&self, at_risk: bool) {
+        self.status.send_if_modified(|now| match now {
+            LeaderStatus::Leading { at_risk: was, .. } if *was != at_risk => {
+                *was = at_risk;
+                true
+            }
+            _ => false,
+        });
+    }
+
+    /// A term ended, for `why` (a metrics label).
+    fn ended(&self, why: &'static str) {
+        if !sabotaged!(StaleLeaderStatus) {
+            self.set(LeaderStatus::Following);
+        }
+        crate::telemetry::leader_ended(self.key.as_deref(), why);
+    }
+}
+
+/// Dropped with the candidate's future (`run` returned, or the future was
+/// dropped mid-term): it leads no more.
+impl Drop for Report {
+    fn drop(&mut self) {
+        if matches!(*self.status.borrow(), LeaderStatus::Leading { .. }) {
+            crate::telemetry::leader_ended(self.key.as_deref(), "dropped");
+        }
+        self.set(LeaderStatus::Stopped);
+    }
+}
+
 /// Campaigns and leads on `key` until a term ends leadership or `until`
 /// fires; returns once every release under a campaign's token is done (or
 /// handed to `Client::shutdown`).
@@ -35,6 +119,7 @@ pub(crate) async fn elect<F, Fut, E>(
     ttl: Duration,
     options: AcquireOptions,
     until: Option<Signal>,
+    report: Report,
     mut term: F,
 ) -> std::result::Result<(), E>
 where
@@ -47,7 +132,8 @@ where
     let campaign = Spec::new(&locks, key, ttl, options.wait(Duration::MAX));
     let until: Signal = until.unwrap_or_else(|| Box::pin(std::future::pending()));
     let mut tokens = Vec::new();
-    let result = campaign_and_lead(&campaign, until, &mut term, &mut tokens).await;
+    let result = campaign_and_lead(&campaign, until, &report, &mut term, &mut tokens).await;
+    drop(report);
     // A release under any campaign's token may still be running in the
     // background: an acquire being undone, or a term's release that
     // kept failing. Return only once they have finished (within one
@@ -72,6 +158,7 @@ where
 async fn campaign_and_lead<F, Fut, E>(
     campaign: &Spec,
     mut until: Signal,
+    report: &Report,
     term: &mut F,
     tokens: &mut Vec<String>,
 ) -> std::result::Result<(), E>
@@ -82,7 +169,8 @@ where
 {
     let key = &campaign.key;
     loop {
-        let (this, span) = next_campaign(campaign, tokens);
+        let (mut this, span) = next_campaign(campaign, tokens);
+        this.reach = Some(report.campaigning());
         // The campaign's future is dropped before the arms run: what it may
         // have obtained is then being released in the background.
         let campaigned = tokio::select! {
@@ -98,17 +186,30 @@ where
         };
         let fencing_token = held.lease().fencing_token();
         tracing::info!(key = %key, fencing_token, "elected leader");
+        report.elected(fencing_token);
 
         let guard = LockGuard::clone(&held);
         let end = {
             let work = term(guard.clone()).instrument(span.clone());
-            tokio::select! {
-                biased;
-                _ = &mut until => TermEnd::Resigned,
-                _ = guard.lost() => TermEnd::Lost,
-                result = work => TermEnd::Returned(result),
+            tokio::pin!(work);
+            loop {
+                tokio::select! {
+                    biased;
+                    _ = &mut until => break TermEnd::Resigned,
+                    _ = guard.lost() => break TermEnd::Lost,
+                    result = &mut work => break TermEnd::Returned(result),
+                    () = guard.at_risk_changed() => report.at_risk(guard.at_risk().is_some()),
+                }
             }
         };
+        // Not leading from here on, whatever the release says.
+        report.ended(match &end {
+            TermEnd::Lost => guard
+                .failure()
+                .map_or("lost", |lost| crate::telemetry::reason(lost.reason())),
+            TermEnd::Resigned => "resigned",
+            TermEnd::Returned(_) => "returned",
+        });
         // The term's future is gone before anything else happens.
         let (loss, released) = held.finish().await;
         // A final release that found another token holding the lock: the

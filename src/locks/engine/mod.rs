@@ -50,7 +50,7 @@ pub(crate) use acquire::{Measured, Owner};
 /// One acquisition as the engine runs it: where, for how long, whose
 /// token, and the options. A set makes one per key; a leader one per
 /// campaign, with a token of its own.
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub(crate) struct Spec {
     pub(crate) locks: Locks,
     pub(crate) key: String,
@@ -58,7 +58,14 @@ pub(crate) struct Spec {
     pub(crate) owner: Owner,
     /// The rest of the options; its token is in `owner`.
     pub(crate) options: AcquireOptions,
+    /// Told when a wait's tries begin to fail without an answer from the
+    /// service (`Some`: since when) and when answers come back (`None`):
+    /// a leader's status.
+    pub(crate) reach: Option<Reach>,
 }
+
+/// See [`Spec::reach`].
+pub(crate) type Reach = std::sync::Arc<dyn Fn(Option<tokio::time::Instant>) + Send + Sync>;
 
 impl Spec {
     /// The caller's token, if the options name one, becomes the owner.
@@ -78,6 +85,18 @@ impl Spec {
             ttl,
             owner,
             options,
+            reach: None,
         }
+    }
+}
+
+impl std::fmt::Debug for Spec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Spec")
+            .field("key", &self.key)
+            .field("ttl", &self.ttl)
+            .field("owner", &self.owner)
+            .field("options", &self.options)
+            .finish_non_exhaustive()
     }
 }

@@ -175,6 +175,12 @@ impl Waiter {
         Some(Episode::Unanswered(failing))
     }
 
+    /// Since when the tries have failed without an answer from the
+    /// service, while they do.
+    pub(crate) fn failing_since(&self) -> Option<Instant> {
+        self.failing_since
+    }
+
     /// Time left before the caller's timeout (`Duration::MAX`: no deadline).
     pub(crate) fn remaining(&self) -> Duration {
         self.waits_until().map_or(Duration::MAX, |d| {

@@ -1,0 +1,124 @@
+//! A leader's status for a readiness probe (DESIGN section 15): read from a
+//! watch channel, never from the service; leading only while a term runs.
+
+mod common;
+
+use std::time::Duration;
+
+use common::mock_client;
+use tokio::sync::watch;
+use volcano::{Error, LeaderStatus};
+use volcano_mock_server::{Fault, MockServer, Operation};
+
+const TTL: Duration = Duration::from_secs(5);
+
+async fn until(status: &mut watch::Receiver<LeaderStatus>, what: fn(&LeaderStatus) -> bool) {
+    tokio::time::timeout(Duration::from_secs(10), status.wait_for(what))
+        .await
+        .expect("the status came")
+        .expect("the leader still runs");
+}
+
+/// Following, then leading under the term's fencing token, following while
+/// another leads, stopped once `run` returned.
+#[tokio::test]
+async fn the_status_follows_the_terms() {
+    let server = MockServer::start().await;
+    let locks = mock_client(&server).locks();
+    let (resign, resigned) = tokio::sync::oneshot::channel::<()>();
+    let first = locks.leader("scheduler", TTL);
+    let mut first_status = first.status();
+    assert_eq!(*first_status.borrow(), LeaderStatus::Following);
+    let first = tokio::spawn(
+        first
+            .until(async {
+                let _ = resigned.await;
+            })
+            .run(|term| async move {
+                term.lost().await;
+                Ok::<(), Error>(())
+            }),
+    );
+    until(&mut first_status, |s| {
+        *s == LeaderStatus::Leading {
+            fencing_token: 1,
+            at_risk: false,
+        }
+    })
+    .await;
+
+    let second = locks
+        .leader("scheduler", TTL)
+        .poll_interval(Duration::from_millis(200));
+    let mut second_status = second.status();
+    let second = tokio::spawn(second.run(|term| async move {
+        let fence = term.lease().fencing_token();
+        assert!(fence > 1);
+        Ok::<(), Error>(())
+    }));
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        *second_status.borrow(),
+        LeaderStatus::Following,
+        "another leads"
+    );
+
+    let _ = resign.send(());
+    first.await.unwrap().unwrap();
+    assert_eq!(*first_status.borrow(), LeaderStatus::Stopped);
+    until(&mut second_status, |s| matches!(s, LeaderStatus::Stopped)).await;
+    second.await.unwrap().unwrap();
+}
+
+/// A campaign whose tries get 503s: unreachable since the first, then
+/// leading once the service answers.
+#[tokio::test]
+async fn a_campaign_without_answers_is_unreachable() {
+    let server = MockServer::start().await;
+    server.inject(Fault::status(503).on(Operation::Acquire).times(6));
+    let locks = mock_client(&server).locks();
+    // A candidate tries at its poll interval from the start.
+    let leader = locks
+        .leader("scheduler", TTL)
+        .poll_interval(Duration::from_millis(500));
+    let mut status = leader.status();
+    let before = std::time::Instant::now();
+    let run = tokio::spawn(leader.run(|term| async move {
+        term.lost().await;
+        Ok::<(), Error>(())
+    }));
+    until(&mut status, |s| {
+        matches!(s, LeaderStatus::Unreachable { .. })
+    })
+    .await;
+    let LeaderStatus::Unreachable { since } = *status.borrow() else {
+        unreachable!()
+    };
+    assert!(since >= before, "since the campaign's first failed try");
+    until(&mut status, |s| matches!(s, LeaderStatus::Leading { .. })).await;
+    run.abort();
+}
+
+/// A term whose renewals fail for a while: leading, at risk, then not.
+#[tokio::test]
+async fn a_term_at_risk_says_so_while_leading() {
+    let server = MockServer::start().await;
+    let locks = mock_client(&server).locks();
+    let leader = locks.leader("scheduler", TTL);
+    let mut status = leader.status();
+    let run = tokio::spawn(leader.run(|term| async move {
+        term.lost().await;
+        Ok::<(), Error>(())
+    }));
+    until(&mut status, |s| matches!(s, LeaderStatus::Leading { .. })).await;
+    server.inject(Fault::status(503).on(Operation::Renew).times(2));
+    until(&mut status, |s| {
+        matches!(s, LeaderStatus::Leading { at_risk: true, .. })
+    })
+    .await;
+    until(&mut status, |s| {
+        matches!(s, LeaderStatus::Leading { at_risk: false, .. })
+    })
+    .await;
+    run.abort();
+}
