@@ -193,12 +193,16 @@ where
             let work = term(guard.clone()).instrument(span.clone());
             tokio::pin!(work);
             loop {
+                // Read each time round, not only when the arm fires: a
+                // change between that and the next subscription (or a
+                // risk already under way when the term began) still shows.
+                report.at_risk(guard.at_risk().is_some());
                 tokio::select! {
                     biased;
                     _ = &mut until => break TermEnd::Resigned,
                     _ = guard.lost() => break TermEnd::Lost,
                     result = &mut work => break TermEnd::Returned(result),
-                    () = guard.at_risk_changed() => report.at_risk(guard.at_risk().is_some()),
+                    () = guard.at_risk_changed() => {}
                 }
             }
         };
