@@ -49,6 +49,9 @@ struct Inner {
     background: Arc<Background>,
     /// Waiters on each key, taking turns.
     turns: Arc<crate::locks::engine::turns::Turns>,
+    /// Until when the project's quota is spent, for this client's
+    /// observers (a 429 one of them got).
+    quota: crate::locks::engine::observe::Quota,
     /// Kept for the other Volcano APIs; lock calls never send it.
     anon_key: Option<String>,
 }
@@ -136,6 +139,7 @@ impl Client {
                 renewals: Arc::new(AtomicUsize::new(0)),
                 background: Arc::default(),
                 turns: Arc::default(),
+                quota: Default::default(),
             }),
         }
     }
@@ -148,6 +152,10 @@ impl Client {
     /// The lines of waiters, by key.
     pub(crate) fn turns(&self) -> &Arc<crate::locks::engine::turns::Turns> {
         &self.inner.turns
+    }
+
+    pub(crate) fn quota(&self) -> &crate::locks::engine::observe::Quota {
+        &self.inner.quota
     }
 
     pub(crate) fn transport(&self) -> &Transport {

@@ -125,12 +125,26 @@ impl fmt::Debug for LockLease {
 /// }
 /// # Ok(()) }
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+///
+/// Two states are equal when they say the same of the lock (held, expiry,
+/// fencing token), whenever they were read.
+#[derive(Debug, Clone)]
 pub struct LockState {
     held: bool,
     expires_at: Option<DateTime<Utc>>,
     fencing_token: Option<i64>,
+    /// The answer's `Date`: the service's clock when it answered.
+    read_at: Option<DateTime<Utc>>,
 }
+
+impl PartialEq for LockState {
+    fn eq(&self, other: &Self) -> bool {
+        (self.held, self.expires_at, self.fencing_token)
+            == (other.held, other.expires_at, other.fencing_token)
+    }
+}
+
+impl Eq for LockState {}
 
 impl LockState {
     /// Builds a state from its parts.
@@ -139,7 +153,37 @@ impl LockState {
             held,
             expires_at,
             fencing_token,
+            read_at: None,
         }
+    }
+
+    /// When the service answered, by its own clock (its `Date` header,
+    /// whole seconds); `None` for a state built with [`LockState::new`] or
+    /// an answer without a `Date`.
+    pub fn read_at(&self) -> Option<DateTime<Utc>> {
+        self.read_at
+    }
+
+    /// How long, at least, the holder's lease had left when the service
+    /// answered: `expires_at` minus the answer's `Date`, both on the
+    /// service's clock, so a skewed clock on this machine does not change
+    /// it. `Date` has whole seconds, so a second is taken off (this can be
+    /// up to a second short, never long). Without a `Date`, this machine's
+    /// clock now. `None` when free; zero once past the expiry (in the
+    /// service's grace).
+    pub fn remaining(&self) -> Option<std::time::Duration> {
+        let expires_at = self.expires_at.filter(|_| self.held)?;
+        let now = match self.read_at {
+            Some(date) => date + chrono::TimeDelta::seconds(1),
+            None => Utc::now(),
+        };
+        Some((expires_at - now).to_std().unwrap_or_default())
+    }
+
+    /// The same state, read at `date` (the answer's `Date`).
+    pub(crate) fn read_at_date(mut self, date: Option<DateTime<Utc>>) -> Self {
+        self.read_at = date;
+        self
     }
 
     /// Whether the lock is unavailable: `false` means an acquire would
@@ -179,6 +223,7 @@ impl LockState {
             held,
             expires_at,
             fencing_token,
+            read_at: None,
         })
     }
 }

@@ -105,8 +105,9 @@ pub use error::{
 };
 pub use lease::{LockLease, LockState};
 pub use locks::{
-    Acquire, AcquireOptions, AtRisk, ForceRelease, Get, HeldLock, HeldLocks, Hold, HoldAll, Leader,
-    LeaderStatus, LockGuard, LockSet, Locks, Release, Renew, TryWithLock, WithLock, WithLocks,
+    Acquire, AcquireOptions, AtRisk, ChangeKind, ForceRelease, Get, HeldLock, HeldLocks, Hold,
+    HoldAll, Leader, LeaderStatus, LockChange, LockGuard, LockSet, Locks, Observe, Release, Renew,
+    TryWithLock, WithLock, WithLocks,
 };
 pub use validate::{MAX_TTL, MIN_TTL};
 

@@ -182,6 +182,25 @@ pub(crate) mod wait {
     }
 }
 
+/// Observing a key (`locks.observe(key)`): its cadence.
+pub(crate) mod observe {
+    use std::time::Duration;
+
+    /// The default interval between looks: six a minute, 1 % of a
+    /// 600/min project quota (the same as a waiter's poll interval).
+    pub(crate) const DEFAULT_POLL: Duration = super::wait::DEFAULT_POLL;
+    /// A lease seen when it could no longer be renewed (its last second,
+    /// or its grace) gets a look this long after its expiry, past the
+    /// grace, plus up to [`super::wait::LOOK_SPREAD`]: the moment it frees.
+    pub(crate) const AFTER_GRACE: Duration = Duration::from_millis(1_100);
+    /// A lease's last moments that a look missed (it still showed the
+    /// lease as before) get another look this much later.
+    pub(crate) const RETRY_LATE: Duration = Duration::from_secs(1);
+    /// The longest pause after a failed look (a `Retry-After` is honoured
+    /// up to this), before up to one poll interval of spread.
+    pub(crate) const MAX_PAUSE: Duration = Duration::from_secs(60);
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

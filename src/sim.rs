@@ -77,6 +77,10 @@ pub enum Sabotage {
     /// A leader's status still says it leads after its term's lock was
     /// lost, until the next term or the end of `run`.
     StaleLeaderStatus,
+    /// An observer compares expiries only: a takeover reads as a renewal.
+    ObserveMissesTakeover,
+    /// An observer never looks again after its first failed look.
+    ObserveStalls,
 }
 
 thread_local! {

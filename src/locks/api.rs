@@ -85,6 +85,23 @@ impl Locks {
         }
     }
 
+    /// Observes `key`: each change of its holder (acquired, renewed, taken
+    /// over, released, expired), polling with a quota-aware cadence (one
+    /// look every 10 s by default). See [`Observe`](crate::Observe).
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: volcano::Locks) -> Result<(), volcano::Error> {
+    /// let mut changes = locks.observe("nightly-report");
+    /// while let Some(change) = changes.next().await {
+    ///     let change = change?;
+    ///     println!("{} (fencing token {:?})", change.kind(), change.state().fencing_token());
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn observe(&self, key: impl Into<String>) -> crate::Observe {
+        crate::Observe::new(self.clone(), key.into())
+    }
+
     /// Releases `lease` if it still owns the lock (succeeds when the lock is
     /// already free; `Error::Conflict` when another token owns it).
     ///

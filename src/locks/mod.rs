@@ -31,6 +31,7 @@ pub(crate) mod engine;
 mod handles {
     pub(crate) mod guard;
     pub(crate) mod held;
+    pub(crate) mod observe;
     pub(crate) mod set;
 }
 
@@ -40,6 +41,7 @@ pub use builders::requests::{Acquire, ForceRelease, Get, Release, Renew};
 pub use builders::scope::{TryWithLock, WithLock, WithLocks};
 pub use handles::guard::{AtRisk, LockGuard};
 pub use handles::held::HeldLock;
+pub use handles::observe::{ChangeKind, LockChange, Observe};
 pub use handles::set::{HeldLocks, LockSet};
 pub use options::AcquireOptions;
 pub(crate) use options::RequestOptions;

@@ -19,13 +19,13 @@ use crate::exit::Failure;
 use crate::run::Ran;
 
 /// `get`'s value.
-/// With the time remaining until the expiry, on this machine's clock
-/// (`time_remaining_ms`, 0 once past it), when held.
+/// With the time remaining until the expiry when the service answered, on
+/// the service's clock (`time_remaining_ms`: `expires_at` minus the
+/// answer's `Date`, 0 once past it), when held.
 pub(crate) fn state_json(key: &str, state: &LockState) -> Value {
     let remaining = state
-        .expires_at()
-        .filter(|_| state.held())
-        .map(|t| (t - chrono::Utc::now()).num_milliseconds().max(0));
+        .remaining()
+        .map(|left| u64::try_from(left.as_millis()).unwrap_or(u64::MAX));
     json!({
         "key": key,
         "held": state.held(),

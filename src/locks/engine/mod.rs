@@ -31,6 +31,7 @@
 pub(crate) mod acquire;
 pub(crate) mod hold;
 pub(crate) mod leader;
+pub(crate) mod observe;
 pub(crate) mod release;
 pub(crate) mod renewal;
 pub(crate) mod requests;

@@ -87,7 +87,7 @@ pub(crate) async fn get(
     let request_id = checked(options)?;
     let op = ops::Get { key };
     let answer = send(locks, &op, &request_id, options.timeout, Window::default()).await?;
-    Ok((answer.value, answer.date))
+    Ok((answer.value.read_at_date(answer.date), answer.date))
 }
 
 /// Releases `lease`, once.

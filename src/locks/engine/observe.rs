@@ -1,0 +1,467 @@
+//! Observing a key (`locks.observe(key)`): one look (`get`) at a time,
+//! each answer compared with the one before, and what changed named on the
+//! server's clock (its `Date` header), never this machine's.
+//!
+//! A look every poll interval (default [`DEFAULT_POLL`], jittered down by
+//! up to a tenth), plus one look at a known lease's last moments when that
+//! comes sooner: in the window where a lease that was not renewed still
+//! shows as held and can no longer be renewed (its final second, or the
+//! service's 1 s grace after it), then one at the moment it frees. So an
+//! expiry is told from a release without polling faster, and a holder
+//! that stopped renewing is seen gone about a second after its lease.
+//! A failed look is returned to the caller; after a transient one (a 429,
+//! a 5xx, no answer) the next waits out the poll interval or the
+//! `Retry-After` it named (up to a minute), plus up to one poll interval
+//! of spread, so that a fleet of observers does not fire together.
+//!
+//! Where the next look falls on this machine's clock comes from the
+//! server's: every answer bounds what the server's clock read when it was
+//! sent and received (`Date` has whole seconds), and the bounds of many
+//! answers are kept intersected.
+
+use std::time::Duration;
+
+use chrono::{DateTime, TimeDelta, Utc};
+use tokio::time::Instant;
+
+use crate::error::{Error, Result};
+use crate::lease::LockState;
+use crate::locks::handles::observe::{ChangeKind, LockChange};
+use crate::locks::options::RequestOptions;
+use crate::locks::Locks;
+use crate::retry::observe::{AFTER_GRACE, MAX_PAUSE, RETRY_LATE};
+use crate::retry::wait::{LOOK_SPREAD, POLL_MIN};
+
+pub(crate) use crate::retry::observe::DEFAULT_POLL;
+
+/// One second: the resolution of `Date`, the service's grace after an
+/// expiry, and the least time left a renewal needs.
+const SECOND: TimeDelta = TimeDelta::seconds(1);
+
+/// A lease as the observer last saw it.
+#[derive(Debug, Clone, Copy)]
+struct Lease {
+    fence: i64,
+    expires_at: DateTime<Utc>,
+    /// The newest `Date` of an answer that showed this lease (same fence,
+    /// same expiry): the server's clock read at least this then.
+    latest: DateTime<Utc>,
+}
+
+impl Lease {
+    fn of(state: &LockState, date: DateTime<Utc>) -> Option<Lease> {
+        match (state.held(), state.fencing_token(), state.expires_at()) {
+            (true, Some(fence), Some(expires_at)) => Some(Lease {
+                fence,
+                expires_at,
+                latest: date,
+            }),
+            _ => None,
+        }
+    }
+
+    /// Whether it was seen when it could no longer be renewed: with a
+    /// second or less left (the service refuses such a renewal), or in its
+    /// grace. After that, nothing but its end can change it.
+    fn seen_final(&self) -> bool {
+        self.latest + SECOND >= self.expires_at
+    }
+
+    /// The middle of the stretch in which a look shows it final if it was
+    /// not renewed: from the whole second before its expiry (`Date` is
+    /// truncated to whole seconds) until its grace ends.
+    fn final_look(&self) -> DateTime<Utc> {
+        let whole = self.expires_at.timestamp();
+        let ceil = if self.expires_at.timestamp_subsec_nanos() > 0 {
+            whole + 1
+        } else {
+            whole
+        };
+        let from = DateTime::from_timestamp(ceil, 0).unwrap_or(self.expires_at) - SECOND;
+        let to = self.expires_at + SECOND;
+        from + (to - from) / 2
+    }
+}
+
+/// How a lease seen before was freed, judged on the server's clock.
+fn freed(old: &Lease, date: DateTime<Utc>) -> ChangeKind {
+    if date + SECOND <= old.expires_at {
+        // Free while the server's clock read before the expiry.
+        ChangeKind::Released
+    } else if old.seen_final() {
+        // Current when it could no longer be renewed, free now: it ran
+        // out (or was released in its last second; the answers cannot
+        // tell).
+        ChangeKind::Expired
+    } else {
+        ChangeKind::Ended
+    }
+}
+
+/// What the observer knew before an answer.
+#[derive(Debug, Clone, Copy)]
+enum Before<'a> {
+    /// Nothing: this is the first answer.
+    First,
+    Free,
+    Held(&'a Lease),
+}
+
+/// What changed between two answers (`None`: nothing worth a line).
+fn change(before: Before<'_>, now: Option<&Lease>, date: DateTime<Utc>) -> Option<ChangeKind> {
+    match (before, now) {
+        (Before::First, _) => Some(ChangeKind::Initial),
+        (Before::Free, None) => None,
+        (Before::Free, Some(_)) => Some(ChangeKind::Acquired),
+        (Before::Held(old), Some(new))
+            if old.fence != new.fence && !sabotaged!(ObserveMissesTakeover) =>
+        {
+            Some(ChangeKind::TakenOver)
+        }
+        (Before::Held(old), Some(new)) if old.expires_at != new.expires_at => {
+            Some(ChangeKind::Renewed)
+        }
+        (Before::Held(_), Some(_)) => None,
+        (Before::Held(old), None) => Some(freed(old, date)),
+    }
+}
+
+/// The server's clock as seen from here: at the local instant `base` it
+/// read between `lo` and `hi`.
+#[derive(Debug)]
+struct ServerClock {
+    base: Instant,
+    bounds: Option<(DateTime<Utc>, DateTime<Utc>)>,
+}
+
+impl ServerClock {
+    /// An answer sent after `sent` and received at `received`, whose
+    /// `Date` read `date` (so the server's clock read in `[date, date+1s)`
+    /// at some moment between the two).
+    fn sample(&mut self, sent: Instant, received: Instant, date: DateTime<Utc>) {
+        let since = |t: Instant| TimeDelta::from_std(t - self.base).unwrap_or(TimeDelta::MAX);
+        let lo = date - since(received);
+        let hi = date + SECOND - since(sent);
+        self.bounds = match self.bounds {
+            // Bounds that no longer meet: the server's clock moved (a
+            // jump, a drift): start again from this answer.
+            Some((l, h)) if l.max(lo) <= h.min(hi) => Some((l.max(lo), h.min(hi))),
+            _ => Some((lo, hi)),
+        };
+    }
+
+    /// The local instant at which the server's clock reads `at`, by the
+    /// middle of the bounds; `None` before any answer, or too far off.
+    fn local(&self, at: DateTime<Utc>) -> Option<Instant> {
+        let (lo, hi) = self.bounds?;
+        let mid = lo + (hi - lo) / 2;
+        let after = (at - mid).to_std().unwrap_or_default();
+        self.base.checked_add(after)
+    }
+}
+
+/// Until when the project's quota is spent, as a 429 to one of a client's
+/// observers said: the others wait for it too, instead of each spending a
+/// request to learn it.
+#[derive(Debug, Default)]
+pub(crate) struct Quota(std::sync::Mutex<Option<Instant>>);
+
+impl Quota {
+    fn spent_until(&self, until: Instant) {
+        let mut quiet = self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        *quiet = Some(quiet.map_or(until, |q| q.max(until)));
+    }
+
+    fn quiet_until(&self) -> Option<Instant> {
+        *self
+            .0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+}
+
+/// The state of one observer.
+#[derive(Debug)]
+pub(crate) struct Observer {
+    pub(crate) key: String,
+    pub(crate) poll: Duration,
+    /// The last answer: `None` before the first; then the lease, or free.
+    last: Option<(LockState, Option<Lease>)>,
+    clock: ServerClock,
+    /// When the next look may go (`None`: at once).
+    next_at: Option<Instant>,
+    /// A permanent failure was returned: the stream has ended.
+    ended: bool,
+}
+
+impl Observer {
+    pub(crate) fn new(key: String) -> Observer {
+        Observer {
+            key,
+            poll: DEFAULT_POLL,
+            last: None,
+            clock: ServerClock {
+                base: Instant::now(),
+                bounds: None,
+            },
+            next_at: None,
+            ended: false,
+        }
+    }
+
+    /// The next change of the key, or failed look; `None` once a failure
+    /// that another look will not mend was returned. Cancel-safe: dropped
+    /// while it waits or looks, it has changed nothing.
+    pub(crate) async fn next(&mut self, locks: &Locks) -> Option<Result<LockChange>> {
+        if self.ended {
+            return None;
+        }
+        if self.poll < POLL_MIN {
+            self.ended = true;
+            return Some(Err(Error::invalid(format!(
+                "poll_interval must be at least {} ms (got {:?})",
+                POLL_MIN.as_millis(),
+                self.poll
+            ))));
+        }
+        let quota = locks.client().quota();
+        loop {
+            // Not before this client's last 429 named (then spread, so
+            // that its observers do not all fire at that moment).
+            // Checked again after each sleep: another observer may have
+            // been told meanwhile.
+            loop {
+                if let Some(quiet) = quota.quiet_until() {
+                    if quiet > Instant::now() && self.next_at.is_none_or(|at| at < quiet) {
+                        self.next_at = Some(quiet + self.spread());
+                    }
+                }
+                match self.next_at {
+                    Some(at) if at > Instant::now() => tokio::time::sleep_until(at).await,
+                    _ => break,
+                }
+            }
+            let sent = Instant::now();
+            let answer = super::requests::get(locks, &self.key, &RequestOptions::default()).await;
+            let received = Instant::now();
+            match answer {
+                Ok((state, date)) => {
+                    if let Some(change) = self.saw(state, date, sent, received) {
+                        return Some(Ok(change));
+                    }
+                }
+                Err(err) if err.is_transient() => {
+                    let next_at = received + self.pause(err.retry_after());
+                    if matches!(err, Error::RateLimited(_)) {
+                        quota.spent_until(next_at);
+                    }
+                    self.next_at = Some(next_at);
+                    return Some(Err(err));
+                }
+                Err(err) => {
+                    self.ended = true;
+                    return Some(Err(err));
+                }
+            }
+        }
+    }
+
+    /// How long until the next look may go.
+    pub(crate) fn next_look_in(&self) -> Duration {
+        self.next_at.map_or(Duration::ZERO, |at| {
+            at.saturating_duration_since(Instant::now())
+        })
+    }
+
+    /// Takes in an answer; schedules the next look; returns the change.
+    fn saw(
+        &mut self,
+        state: LockState,
+        date: Option<DateTime<Utc>>,
+        sent: Instant,
+        received: Instant,
+    ) -> Option<LockChange> {
+        // Without a `Date` (not the service), this machine's clock.
+        let date = match date {
+            Some(date) => {
+                self.clock.sample(sent, received, date);
+                date
+            }
+            None => Utc::now(),
+        };
+        let mut now = Lease::of(&state, date);
+        let before = match &self.last {
+            None => Before::First,
+            Some((_, None)) => Before::Free,
+            Some((_, Some(lease))) => Before::Held(lease),
+        };
+        let kind = change(before, now.as_ref(), date);
+        if kind.is_none() {
+            // The same lease again: keep its newest sighting.
+            if let (Some(now), Some((_, Some(old)))) = (&mut now, &self.last) {
+                now.latest = now.latest.max(old.latest);
+            }
+        }
+        self.next_at = Some(self.schedule(now.as_ref(), received));
+        let previous = self.last.replace((state.clone(), now));
+        let kind = kind?;
+        tracing::debug!(key = %self.key, ?kind, fencing_token = state.fencing_token(), "lock changed");
+        Some(LockChange {
+            key: self.key.clone(),
+            state,
+            previous: previous.map(|(state, _)| state),
+            kind,
+            date,
+        })
+    }
+
+    /// When to look next after an answer received at `received`: at the
+    /// poll interval, or sooner at the known lease's last moments.
+    fn schedule(&self, lease: Option<&Lease>, received: Instant) -> Instant {
+        let regular = received + self.poll.mul_f64(1.0 - 0.1 * crate::random::unit());
+        let special = lease.and_then(|lease| {
+            let at = if lease.seen_final() {
+                let spread = LOOK_SPREAD.mul_f64(crate::random::unit());
+                lease.expires_at + TimeDelta::from_std(AFTER_GRACE + spread).ok()?
+            } else {
+                lease.final_look()
+            };
+            self.clock.local(at)
+        });
+        match special {
+            Some(special) if special > received => special.max(received + POLL_MIN).min(regular),
+            // Passed already, and the lease still shows as before: the
+            // estimate was off (the server's clock jumped) or its grace is
+            // longer than a second. Again in a second.
+            Some(_) => (received + RETRY_LATE).min(regular),
+            None => regular,
+        }
+    }
+
+    /// The pause after a transient failure: the poll interval, or the
+    /// window a `Retry-After` names (up to [`MAX_PAUSE`]), plus up to one
+    /// poll interval (at most [`MAX_PAUSE`]) of spread.
+    fn pause(&self, retry_after: Option<Duration>) -> Duration {
+        if sabotaged!(ObserveStalls) {
+            return Duration::from_secs(86_400);
+        }
+        let wait = retry_after.map_or(self.poll, |after| after.min(MAX_PAUSE).max(self.poll));
+        wait + self.spread()
+    }
+
+    /// Up to one poll interval (at most [`MAX_PAUSE`]).
+    fn spread(&self) -> Duration {
+        self.poll.min(MAX_PAUSE).mul_f64(crate::random::unit())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn t(ms: i64) -> DateTime<Utc> {
+        DateTime::from_timestamp_millis(ms).unwrap()
+    }
+
+    fn lease(fence: i64, expires_ms: i64, seen_ms: i64) -> Lease {
+        Lease {
+            fence,
+            expires_at: t(expires_ms),
+            latest: t(seen_ms),
+        }
+    }
+
+    #[test]
+    fn changes_are_named_on_the_servers_clock() {
+        let l = lease(1, 30_000, 10_000);
+        assert_eq!(change(Before::First, None, t(0)), Some(ChangeKind::Initial));
+        assert_eq!(change(Before::Free, None, t(0)), None);
+        assert_eq!(
+            change(Before::Free, Some(&l), t(0)),
+            Some(ChangeKind::Acquired)
+        );
+        assert_eq!(change(Before::Held(&l), Some(&l), t(12_000)), None);
+        let renewed = lease(1, 40_000, 20_000);
+        assert_eq!(
+            change(Before::Held(&l), Some(&renewed), t(20_000)),
+            Some(ChangeKind::Renewed)
+        );
+        let other = lease(2, 40_000, 20_000);
+        assert_eq!(
+            change(Before::Held(&l), Some(&other), t(20_000)),
+            Some(ChangeKind::TakenOver)
+        );
+        // Free with a second to spare before the expiry: released.
+        assert_eq!(
+            change(Before::Held(&l), None, t(29_000)),
+            Some(ChangeKind::Released)
+        );
+        // Free later, the lease last seen long before its expiry: cannot tell.
+        assert_eq!(
+            change(Before::Held(&l), None, t(30_000)),
+            Some(ChangeKind::Ended)
+        );
+        assert_eq!(
+            change(Before::Held(&l), None, t(60_000)),
+            Some(ChangeKind::Ended)
+        );
+        // Seen when it could no longer be renewed, free later: expired.
+        let last_second = lease(1, 30_000, 29_000);
+        assert!(
+            !lease(1, 30_500, 29_000).seen_final(),
+            "1.5 s may have been left"
+        );
+        assert!(last_second.seen_final());
+        assert_eq!(
+            change(Before::Held(&last_second), None, t(31_000)),
+            Some(ChangeKind::Expired)
+        );
+        let in_grace = lease(1, 30_500, 31_000);
+        assert_eq!(
+            change(Before::Held(&in_grace), None, t(32_000)),
+            Some(ChangeKind::Expired)
+        );
+    }
+
+    #[test]
+    fn the_final_look_lands_where_a_lapsed_lease_shows_final() {
+        // From the whole second before the expiry (a Date that reads it
+        // shows a second or less left) to the end of the grace.
+        assert_eq!(lease(1, 30_300, 0).final_look(), t(30_650));
+        assert_eq!(lease(1, 30_000, 0).final_look(), t(30_000));
+        assert_eq!(lease(1, 30_900, 0).final_look(), t(30_950));
+        for expires in [30_000, 30_001, 30_300, 30_999] {
+            let look = lease(1, expires, 0).final_look();
+            let date = DateTime::from_timestamp(look.timestamp(), 0).unwrap();
+            assert!(
+                lease(1, expires, date.timestamp_millis()).seen_final(),
+                "{expires}"
+            );
+            assert!(look < t(expires) + SECOND, "{expires}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_server_clock_estimate_narrows_and_restarts_after_a_jump() {
+        let mut clock = ServerClock {
+            base: Instant::now(),
+            bounds: None,
+        };
+        let base = clock.base;
+        let at = |ms: u64| base + Duration::from_millis(ms);
+        assert_eq!(clock.local(t(0)), None);
+        clock.sample(at(100), at(140), t(1_000));
+        assert_eq!(clock.bounds, Some((t(860), t(1_900))));
+        // A second answer in another phase of the server's second.
+        clock.sample(at(700), at(740), t(2_000));
+        assert_eq!(clock.bounds, Some((t(1_260), t(1_900))));
+        // A jump of the server's clock: the bounds restart.
+        clock.sample(at(1_000), at(1_040), t(60_000));
+        assert_eq!(clock.bounds, Some((t(58_960), t(60_000))));
+        assert_eq!(clock.local(t(59_480)), Some(at(0)));
+        assert_eq!(clock.local(t(60_480)), Some(at(1_000)));
+    }
+}

@@ -1,0 +1,268 @@
+//! A key's holders as a stream (DESIGN section 15): `locks.observe(key)`
+//! yields each change, named on the service's clock; failed looks are
+//! yielded and waited out; a bad input ends the stream.
+//!
+//! A look happens only while `next()` runs, so the changes made between
+//! two calls are seen together by the next look: the tests rely on that,
+//! not on timing.
+
+mod common;
+
+use std::time::Duration;
+
+use common::mock_client;
+use volcano::{ChangeKind, Error, LockChange, Observe};
+use volcano_mock_server::{Fault, MockServer, Operation};
+
+const TTL: Duration = Duration::from_secs(30);
+const POLL: Duration = Duration::from_millis(100);
+
+async fn next(changes: &mut Observe) -> LockChange {
+    tokio::time::timeout(Duration::from_secs(10), changes.next())
+        .await
+        .expect("a change within 10 s")
+        .expect("the stream goes on")
+        .expect("a good look")
+}
+
+#[tokio::test]
+async fn every_kind_of_change_is_named() {
+    let server = MockServer::start().await;
+    let locks = mock_client(&server).locks();
+    let mut changes = locks.observe("report").poll_interval(POLL);
+    assert_eq!(changes.key(), "report");
+
+    let first = next(&mut changes).await;
+    assert_eq!(
+        (first.kind(), first.state().held()),
+        (ChangeKind::Initial, false)
+    );
+    assert!(first.previous().is_none());
+
+    let lease = locks.acquire("report", TTL).await.unwrap();
+    let acquired = next(&mut changes).await;
+    assert_eq!(acquired.kind(), ChangeKind::Acquired);
+    assert_eq!(
+        acquired.state().fencing_token(),
+        Some(lease.fencing_token())
+    );
+    assert_eq!(acquired.previous().map(|s| s.held()), Some(false));
+    let left = acquired.remaining().unwrap();
+    assert!(
+        left < TTL && left >= TTL - Duration::from_secs(2),
+        "{left:?}"
+    );
+
+    let renewed = locks.renew(&lease, Duration::from_secs(60)).await.unwrap();
+    let change = next(&mut changes).await;
+    assert_eq!(change.kind(), ChangeKind::Renewed);
+    assert_eq!(change.state().expires_at(), Some(renewed.expires_at()));
+
+    // Released and acquired again between two looks: one change.
+    locks.release(&renewed).await.unwrap();
+    let again = locks.acquire("report", TTL).await.unwrap();
+    let change = next(&mut changes).await;
+    assert_eq!(change.kind(), ChangeKind::TakenOver);
+    assert_eq!(
+        change.previous().unwrap().fencing_token(),
+        Some(lease.fencing_token())
+    );
+    assert_eq!(change.state().fencing_token(), Some(again.fencing_token()));
+
+    locks.release(&again).await.unwrap();
+    let change = next(&mut changes).await;
+    assert_eq!(change.kind(), ChangeKind::Released);
+    assert!(!change.state().held());
+    assert_eq!(
+        change.previous().unwrap().fencing_token(),
+        Some(again.fencing_token())
+    );
+
+    // Force-released: the service does not say who freed it.
+    let third = locks.acquire("report", TTL).await.unwrap();
+    assert_eq!(next(&mut changes).await.kind(), ChangeKind::Acquired);
+    locks.force_release("report").await.unwrap();
+    assert_eq!(next(&mut changes).await.kind(), ChangeKind::Released);
+    let _ = third;
+}
+
+/// The service's clock runs an hour ahead of this machine's (a skewed
+/// host, or a mock clock moved): what is left, and released against
+/// expired, follow the service's clock. On this machine's clock the lease
+/// would have an hour and a half minute left, and its end read as a
+/// release.
+#[tokio::test]
+async fn time_left_and_expiry_follow_the_services_clock() {
+    let server = MockServer::start().await;
+    server.advance(Duration::from_secs(3_600));
+    let locks = mock_client(&server).locks();
+    let mut changes = locks.observe("report").poll_interval(POLL);
+    let lease = locks.acquire("report", TTL).await.unwrap();
+    let held = next(&mut changes).await;
+    assert_eq!(held.kind(), ChangeKind::Initial);
+    let left = held.remaining().unwrap();
+    assert!(left <= TTL, "{left:?} on the service's clock");
+    let state = locks.get("report").await.unwrap();
+    assert!(state.remaining().unwrap() <= TTL);
+    assert!(state.read_at().is_some());
+
+    // Into its last second, then past it and the grace.
+    server.advance(TTL - Duration::from_millis(500));
+    server.advance(Duration::from_secs(3));
+    let change = next(&mut changes).await;
+    assert_eq!(
+        change.previous().unwrap().fencing_token(),
+        Some(lease.fencing_token())
+    );
+    // Between the two moves no look came: which way it ended is unknown.
+    assert_eq!(change.kind(), ChangeKind::Ended);
+
+    // Now with a look in its last second.
+    let second = locks.acquire("report", TTL).await.unwrap();
+    assert_eq!(next(&mut changes).await.kind(), ChangeKind::Acquired);
+    server.advance(TTL - Duration::from_millis(500));
+    // The look in the last second shows no change.
+    let quiet = tokio::time::timeout(Duration::from_millis(400), changes.next()).await;
+    assert!(quiet.is_err(), "no change yet: {quiet:?}");
+    server.advance(Duration::from_secs(3));
+    let change = next(&mut changes).await;
+    assert_eq!(change.kind(), ChangeKind::Expired);
+    assert_eq!(
+        change.previous().unwrap().fencing_token(),
+        Some(second.fencing_token())
+    );
+}
+
+/// A holder that stops renewing is seen gone about a second after its
+/// lease, not a poll interval later: a look comes in its last moments.
+#[tokio::test]
+async fn an_expiry_is_seen_without_waiting_for_the_poll_interval() {
+    let server = MockServer::start().await;
+    let locks = mock_client(&server).locks();
+    let mut changes = locks
+        .observe("report")
+        .poll_interval(Duration::from_secs(60));
+    let lease = locks
+        .acquire("report", Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(next(&mut changes).await.kind(), ChangeKind::Initial);
+    let change = tokio::time::timeout(Duration::from_secs(9), changes.next())
+        .await
+        .expect("seen within a few seconds of the expiry, not after 60 s")
+        .unwrap()
+        .unwrap();
+    assert_eq!(change.kind(), ChangeKind::Expired);
+    assert_eq!(
+        change.previous().unwrap().fencing_token(),
+        Some(lease.fencing_token())
+    );
+    let looks = server
+        .requests()
+        .iter()
+        .filter(|r| r.operation == Operation::Get)
+        .count();
+    assert!(looks <= 4, "{looks} looks for one expiry");
+}
+
+#[tokio::test]
+async fn a_failed_look_is_yielded_and_a_429_waited_out() {
+    let server = MockServer::builder().rate_limit(2).start().await;
+    let locks = mock_client(&server).locks();
+    let mut changes = locks.observe("report").poll_interval(POLL);
+    assert_eq!(next(&mut changes).await.kind(), ChangeKind::Initial);
+    let _ = locks.get("report").await.unwrap();
+    let failed = changes.next().await.unwrap().unwrap_err();
+    assert!(matches!(failed, Error::RateLimited(_)), "{failed:?}");
+    assert!(changes.next_look_in() > Duration::from_millis(500));
+    let asked = server.requests().len();
+    let waited = tokio::time::timeout(Duration::from_millis(300), changes.next()).await;
+    assert!(waited.is_err(), "waits out the window");
+    assert_eq!(server.requests().len(), asked, "no request while it waits");
+}
+
+#[tokio::test]
+async fn a_transient_failure_goes_on_and_changes_are_not_lost() {
+    let server = MockServer::start().await;
+    let locks = mock_client(&server).locks();
+    let mut changes = locks.observe("report").poll_interval(POLL);
+    assert_eq!(next(&mut changes).await.kind(), ChangeKind::Initial);
+    server.inject(Fault::status(503).on(Operation::Get).times(1));
+    let failed = changes.next().await.unwrap().unwrap_err();
+    assert!(failed.is_transient(), "{failed:?}");
+    let lease = locks.acquire("report", TTL).await.unwrap();
+    let change = next(&mut changes).await;
+    assert_eq!(change.kind(), ChangeKind::Acquired);
+    assert_eq!(change.state().fencing_token(), Some(lease.fencing_token()));
+}
+
+#[tokio::test]
+async fn bad_input_ends_the_stream_with_a_clear_error() {
+    let server = MockServer::start().await;
+    let locks = mock_client(&server).locks();
+    let mut bad_key = locks.observe("bad key");
+    let err = bad_key.next().await.unwrap().unwrap_err();
+    assert!(matches!(err, Error::InvalidArgument(_)), "{err:?}");
+    assert!(bad_key.next().await.is_none());
+
+    let mut too_fast = locks
+        .observe("report")
+        .poll_interval(Duration::from_millis(10));
+    let err = too_fast.next().await.unwrap().unwrap_err();
+    assert!(err.to_string().contains("poll_interval"), "{err}");
+    assert!(too_fast.next().await.is_none());
+    assert!(server.requests().is_empty(), "nothing sent for bad input");
+
+    let rejected = volcano::Client::builder()
+        .api_url(server.url())
+        .allow_insecure_http(true)
+        .service_key("not-the-key")
+        .build()
+        .unwrap();
+    let mut changes = rejected.locks().observe("report");
+    let err = changes.next().await.unwrap().unwrap_err();
+    assert!(!err.is_transient(), "{err:?}");
+    assert!(changes.next().await.is_none());
+}
+
+/// A `next()` dropped while it waits (a `select!` that chose another
+/// branch) loses nothing: the next call reports the change.
+#[tokio::test]
+async fn next_is_cancel_safe() {
+    let server = MockServer::start().await;
+    let locks = mock_client(&server).locks();
+    let mut changes = locks
+        .observe("report")
+        .poll_interval(Duration::from_millis(300));
+    assert_eq!(next(&mut changes).await.kind(), ChangeKind::Initial);
+    for _ in 0..5 {
+        let _ = tokio::time::timeout(Duration::from_millis(50), changes.next()).await;
+    }
+    let lease = locks.acquire("report", TTL).await.unwrap();
+    for _ in 0..3 {
+        let _ = tokio::time::timeout(Duration::from_millis(1), changes.next()).await;
+    }
+    let change = next(&mut changes).await;
+    assert_eq!(change.kind(), ChangeKind::Acquired);
+    assert_eq!(change.state().fencing_token(), Some(lease.fencing_token()));
+    assert!(format!("{changes:?}").contains("report"));
+}
+
+/// A 429 to one observer of a client holds back its others too: they wait
+/// for the window instead of each spending a request to learn of it.
+#[tokio::test]
+async fn observers_of_one_client_share_a_429() {
+    let server = MockServer::builder().rate_limit(3).start().await;
+    let locks = mock_client(&server).locks();
+    let mut one = locks.observe("a").poll_interval(POLL);
+    let mut other = locks.observe("b").poll_interval(POLL);
+    assert_eq!(next(&mut one).await.kind(), ChangeKind::Initial);
+    assert_eq!(next(&mut other).await.kind(), ChangeKind::Initial);
+    let _ = locks.get("c").await.unwrap();
+    let failed = one.next().await.unwrap().unwrap_err();
+    assert!(matches!(failed, Error::RateLimited(_)), "{failed:?}");
+    let asked = server.requests().len();
+    let waited = tokio::time::timeout(Duration::from_millis(300), other.next()).await;
+    assert!(waited.is_err(), "the other waits out the window too");
+    assert_eq!(server.requests().len(), asked, "no request from the other");
+}
