@@ -646,3 +646,47 @@ async fn a_409_after_a_rate_limited_release_is_a_real_conflict() {
     assert!(err.is_ownership_lost(), "{err:?}");
     assert_eq!(err.status(), Some(409));
 }
+
+/// An acquire held up on its way (here by the service) is applied *after*
+/// the undo's release found nothing to free: the SDK releases once more
+/// when the try can no longer be applied (a request timeout after it was
+/// abandoned), so the late lease does not outlive the undo.
+#[tokio::test]
+async fn an_acquire_applied_after_its_undo_released_is_released_again() {
+    let server = MockServer::start().await;
+    let client = Client::builder()
+        .api_url(server.url())
+        .allow_insecure_http(true)
+        .service_key(server.service_key())
+        .timeout(Duration::from_secs(1))
+        .build()
+        .unwrap();
+    server.inject(
+        Fault::delay(Duration::from_millis(600))
+            .on(Operation::Acquire)
+            .times(1),
+    );
+    // Dropped while its try is held: the undo releases at once, before
+    // the try is applied.
+    let dropped =
+        tokio::time::timeout(Duration::from_millis(200), client.locks().acquire(KEY, TTL)).await;
+    assert!(dropped.is_err(), "the acquire was still waiting");
+    server
+        .wait_for(Operation::Acquire, 201, Duration::from_secs(5))
+        .await
+        .expect("the held-up acquire was applied");
+    let journal = server.requests();
+    let first_release = journal
+        .iter()
+        .position(|r| r.operation == Operation::Release)
+        .expect("the undo released");
+    let applied = journal
+        .iter()
+        .position(|r| r.operation == Operation::Acquire && r.status == Some(201))
+        .unwrap();
+    assert!(first_release < applied, "{journal:#?}");
+    let unreleased = client.shutdown(SHUTDOWN).await;
+    assert!(unreleased.is_empty(), "{unreleased:?}");
+    assert!(!held(&server, KEY), "the late lease was released again");
+    assert_eq!(count(&server, Operation::Release), 2);
+}

@@ -189,7 +189,8 @@ impl Fault {
     }
 
     /// Hold the request for `delay`, then handle it normally (the state
-    /// change happens after the delay, as on a slow network).
+    /// change happens after the delay, as on a slow network: also when the
+    /// client has given up and closed the connection meanwhile).
     pub fn delay(delay: Duration) -> Self {
         Self::new(FaultKind::Delay {
             delay_ms: millis(delay),

@@ -60,17 +60,8 @@ pub(crate) async fn lock_endpoint(
         Err(reject) => return reject.into_response(),
     };
     let request_id = parts.headers.get(&REQUEST_ID).and_then(|v| v.to_str().ok());
-    let mut entry = RecordedRequest::arrived(shared.clock.now(), route.op, &route.key, request_id);
-    let (outcome, hold) = match handle(&shared, &route, &parts.headers, body, &mut entry).await {
-        Ok(handled) => handled,
-        // Refused before any fault was planned: no hold.
-        Err(reject) => (Outcome::Respond(reject.into_response()), Duration::ZERO),
-    };
-    entry.status = outcome.status();
-    // The one place a lock request is journaled. Before any delay_response
-    // hold, so the entry exists even when the client gives up while the
-    // answer is held.
-    shared.journal.record(entry);
+    let entry = RecordedRequest::arrived(shared.clock.now(), route.op, &route.key, request_id);
+    let (outcome, hold) = handle(shared, route, &parts.headers, body, entry).await;
     if !hold.is_zero() {
         tokio::time::sleep(hold).await;
     }
@@ -80,33 +71,68 @@ pub(crate) async fn lock_endpoint(
     }
 }
 
-/// Checks the request, plans and plays the faults, applies it; fills in
-/// `entry` (time, fault, grant) but does not record it. Returns what to do
-/// and how long to hold it first (delay_response).
+/// Checks the request, plans and plays the faults, applies it, and
+/// journals it (the one place a lock request is journaled: before any
+/// delay_response hold, so the entry exists even when the client gives up
+/// while the answer is held). Returns what to do and how long to hold it
+/// first (delay_response).
+///
+/// A request held by a `delay` fault is a request on a slow network: once
+/// it has arrived it is applied, even if its client has given up meanwhile
+/// (the wait runs in a task of its own, which a closed connection does not
+/// cancel).
 async fn handle(
-    shared: &Shared,
-    route: &Route,
+    shared: Arc<Shared>,
+    route: Route,
     headers: &HeaderMap,
     body: Body,
-    entry: &mut RecordedRequest,
-) -> Result<(Outcome, Duration), Reject> {
-    let prepared = prepare(shared, route, headers, body).await?;
+    mut entry: RecordedRequest,
+) -> (Outcome, Duration) {
+    let prepared = match prepare(&shared, &route, headers, body).await {
+        Ok(prepared) => prepared,
+        // Refused before any fault was planned: no hold.
+        Err(reject) => {
+            let outcome = Outcome::Respond(reject.into_response());
+            entry.status = outcome.status();
+            shared.journal.record(entry);
+            return (outcome, Duration::ZERO);
+        }
+    };
     let planned = shared.faults.plan(route.op, &route.key);
-    if !planned.delay.is_zero() {
-        entry.fault = Some(FaultKind::Delay {
-            delay_ms: millis(planned.delay),
-        });
+    let apply = move |mut entry: RecordedRequest| {
+        let now = shared.clock.now();
+        entry.at = now;
+        if !planned.delay_response.is_zero() {
+            entry.fault = Some(FaultKind::DelayResponse {
+                ms: millis(planned.delay_response),
+            });
+        }
+        let outcome = outcome(&shared, &route, prepared, now, planned.action, &mut entry);
+        entry.status = outcome.status();
+        shared.journal.record(entry);
+        (outcome, planned.delay_response)
+    };
+    if planned.delay.is_zero() {
+        return apply(entry);
+    }
+    entry.fault = Some(FaultKind::Delay {
+        delay_ms: millis(planned.delay),
+    });
+    let delayed = tokio::spawn(async move {
         tokio::time::sleep(planned.delay).await;
+        apply(entry)
+    });
+    match delayed.await {
+        Ok(handled) => handled,
+        Err(err) if err.is_panic() => std::panic::resume_unwind(err.into_panic()),
+        // The runtime is shutting down: nobody is left to answer.
+        Err(_) => (
+            Outcome::Close {
+                would_have_sent: None,
+            },
+            Duration::ZERO,
+        ),
     }
-    let now = shared.clock.now();
-    entry.at = now;
-    if !planned.delay_response.is_zero() {
-        entry.fault = Some(FaultKind::DelayResponse {
-            ms: millis(planned.delay_response),
-        });
-    }
-    let outcome = outcome(shared, route, prepared, now, planned.action, entry);
-    Ok((outcome, planned.delay_response))
 }
 
 /// The outcome at `now`: the planned fault's, or the lock logic's answer

@@ -119,23 +119,39 @@ impl Owner {
 struct Undo<'a> {
     locks: &'a Locks,
     key: &'a str,
-    /// The ttl asked for: the longest a granted lease can live.
-    ttl: Duration,
+    /// The longest a lease granted by a try may live from the moment the
+    /// undo begins: the ttl asked for, plus a request timeout (the last
+    /// try was sent before, and may still be applied up to its timeout
+    /// after it was sent: held in the network, or by the service).
+    live_for: Duration,
+    /// The request timeout: a try sent before the undo may be applied
+    /// until this long after the undo began.
+    request_timeout: Duration,
     /// The generated token; `None` once there is nothing to undo.
     token: Option<&'a str>,
     in_flight: bool,
     uncertain: bool,
+    /// A try got no answer at all (its request may still be on its way).
+    unanswered: bool,
 }
 
 impl<'a> Undo<'a> {
-    fn new(locks: &'a Locks, key: &'a str, ttl: Duration, generated: Option<&'a str>) -> Self {
+    fn new(
+        locks: &'a Locks,
+        key: &'a str,
+        ttl: Duration,
+        request_timeout: Duration,
+        generated: Option<&'a str>,
+    ) -> Self {
         Undo {
             locks,
             key,
-            ttl,
+            live_for: ttl.saturating_add(request_timeout),
+            request_timeout,
             token: generated,
             in_flight: false,
             uncertain: false,
+            unanswered: false,
         }
     }
 
@@ -147,7 +163,10 @@ impl<'a> Undo<'a> {
         self.in_flight = false;
         match result {
             Ok(_) => self.token = None,
-            Err(err) if err.may_have_applied() => self.uncertain = true,
+            Err(err) if err.may_have_applied() => {
+                self.uncertain = true;
+                self.unanswered |= matches!(err, Error::Transport(_));
+            }
             Err(_) => {}
         }
     }
@@ -167,10 +186,18 @@ impl Drop for Undo<'_> {
             chrono::DateTime::<chrono::Utc>::UNIX_EPOCH,
             0,
         );
-        release::in_background(
+        // Released now, and, if a try got no answer, once more when it can
+        // no longer be applied: a try overtaken by this release (held in
+        // the network, or queued by the service) would otherwise grant a
+        // lease nobody releases.
+        let again_at = (self.in_flight || self.unanswered)
+            .then(|| tokio::time::Instant::now().checked_add(self.request_timeout))
+            .flatten();
+        release::in_background_until(
             self.locks,
             lease,
-            self.ttl,
+            self.live_for,
+            again_at,
             "undo an acquire whose outcome is unknown",
         );
     }
@@ -213,7 +240,14 @@ pub(crate) async fn acquire(spec: Spec) -> Result<Measured> {
         // say) must not free the lease this acquire may recover.
         background.supersede_releases(&key, &token).await;
     }
-    let mut undo = Undo::new(&locks, &key, ttl, generated.then_some(token.as_str()));
+    let request_timeout = request.timeout.unwrap_or(locks.client().timeout());
+    let mut undo = Undo::new(
+        &locks,
+        &key,
+        ttl,
+        request_timeout,
+        generated.then_some(token.as_str()),
+    );
     let one = Try {
         locks: &locks,
         key: &key,
