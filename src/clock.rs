@@ -35,6 +35,9 @@ pub struct LeaseClock {
     /// Reads the runtime's clock from this instant instead of the
     /// machine's boot time (a simulation, whose runtime clock is its time).
     runtime_base: Option<tokio::time::Instant>,
+    /// With `runtime_base`: the rate at which this clock runs against the
+    /// runtime's (a simulated host's clock drift); `None`: exactly.
+    rate: Option<f64>,
 }
 
 /// An adjustable clock's offset and the signal that it moved.
@@ -50,6 +53,7 @@ impl LeaseClock {
         LeaseClock {
             adjust: None,
             runtime_base: None,
+            rate: None,
         }
     }
 
@@ -62,6 +66,7 @@ impl LeaseClock {
                 moved: watch::Sender::new(()),
             })),
             runtime_base: None,
+            rate: None,
         }
     }
 
@@ -86,9 +91,10 @@ impl LeaseClock {
             .adjust
             .as_ref()
             .map_or(0, |a| a.offset_ns.load(Ordering::Relaxed));
-        let base = match self.runtime_base {
-            Some(base) => base.elapsed(),
-            None => raw_now(),
+        let base = match (self.runtime_base, self.rate) {
+            (Some(base), None) => base.elapsed(),
+            (Some(base), Some(rate)) => base.elapsed().mul_f64(rate),
+            (None, _) => raw_now(),
         };
         base + Duration::from_nanos(offset)
     }
@@ -97,9 +103,10 @@ impl LeaseClock {
     /// simulation the runtime's clock is simulated time, and `advance`
     /// plays a suspend. No suspend detector runs for it.
     #[cfg(feature = "sim")]
-    pub(crate) fn runtime() -> Self {
+    pub(crate) fn runtime(rate: Option<f64>) -> Self {
         LeaseClock {
             runtime_base: Some(tokio::time::Instant::now()),
+            rate,
             ..Self::adjustable()
         }
     }

@@ -106,8 +106,8 @@ pub use error::{
 pub use lease::{LockLease, LockState};
 pub use locks::{
     Acquire, AcquireOptions, AtRisk, ChangeKind, ForceRelease, Get, HeldLock, HeldLocks, Hold,
-    HoldAll, Leader, LeaderStatus, LockChange, LockGuard, LockSet, Locks, Observe, Release, Renew,
-    TryWithLock, WithLock, WithLocks,
+    HoldAll, Leader, LeaderHealth, LeaderStatus, LockChange, LockGuard, LockSet, Locks, Observe,
+    Release, Renew, TryWithLock, WithLock, WithLocks,
 };
 pub use validate::{MAX_TTL, MIN_TTL};
 

@@ -81,6 +81,10 @@ pub enum Sabotage {
     ObserveMissesTakeover,
     /// An observer never looks again after its first failed look.
     ObserveStalls,
+    /// A leader's health never reports a term that outlived its lock.
+    LeaderHealthSilent,
+    /// A leader's health keeps reporting a term after it ended.
+    LeaderHealthStuck,
 }
 
 thread_local! {
@@ -117,7 +121,13 @@ pub fn at_risk_episodes(guard: &crate::LockGuard) -> u64 {
 
 /// A lease clock on the runtime's clock: `advance` plays a suspend.
 pub fn lease_clock() -> LeaseClock {
-    LeaseClock::runtime()
+    LeaseClock::runtime(None)
+}
+
+/// [`lease_clock`] on a host whose clock drifts: it runs at `rate` times
+/// the runtime's (0.96: 4 % slow).
+pub fn drifting_lease_clock(rate: f64) -> LeaseClock {
+    LeaseClock::runtime(Some(rate))
 }
 
 struct Over<N>(N);

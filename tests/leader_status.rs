@@ -122,3 +122,51 @@ async fn a_term_at_risk_says_so_while_leading() {
     .await;
     run.abort();
 }
+
+/// A term that keeps its thread past its lock (a blocking call; here a
+/// moved lease clock plays the time it took) cannot be dropped, and its
+/// status still says leading: the health check sees it from another
+/// thread, and clears once the term has stepped down.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn health_reports_a_term_that_outlived_its_lock() {
+    let server = MockServer::start().await;
+    let clock = volcano::LeaseClock::adjustable();
+    let client = volcano::Client::builder()
+        .api_url(server.url())
+        .allow_insecure_http(true)
+        .service_key(server.service_key())
+        .lease_clock(clock.clone())
+        .build()
+        .unwrap();
+    let leader = client.locks().leader("scheduler", TTL);
+    let health = leader.health();
+    let mut status = leader.status();
+    assert_eq!(health.overdue(), None, "no term yet");
+    let (started_tx, started) = std::sync::mpsc::channel::<()>();
+    let (release_tx, release) = std::sync::mpsc::channel::<()>();
+    let release = std::sync::Mutex::new(release);
+    let run = tokio::spawn(leader.run(move |_term| {
+        let started = started_tx.clone();
+        // Blocks its thread (no `.await`) until the test lets it go.
+        let _ = started.send(());
+        let _ = release.lock().unwrap().recv();
+        async { std::future::pending::<Result<(), Error>>().await }
+    }));
+    tokio::task::spawn_blocking(move || started.recv().unwrap())
+        .await
+        .unwrap();
+    until(&mut status, |s| matches!(s, LeaderStatus::Leading { .. })).await;
+    assert_eq!(health.overdue(), None, "leading, lock held");
+    clock.advance(TTL + Duration::from_secs(3));
+    let overdue = health.overdue().expect("a term past its lock");
+    assert!(overdue >= Duration::from_secs(3), "{overdue:?}");
+    assert!(
+        matches!(*status.borrow(), LeaderStatus::Leading { .. }),
+        "the stuck candidate cannot change its status"
+    );
+    assert!(format!("{health:?}").contains("overdue"));
+    release_tx.send(()).unwrap();
+    until(&mut status, |s| !matches!(s, LeaderStatus::Leading { .. })).await;
+    assert_eq!(health.overdue(), None, "stepped down");
+    run.abort();
+}

@@ -5,8 +5,9 @@
 //! what the checks derive from them) and gives it to every check in turn:
 //! safety (`check/safety.rs`), leases left behind (`check/leaks.rs`), a
 //! freed key going to a waiter (`check/recovery.rs`), what a release
-//! reports (`check/truth.rs`), deadlines (`check/deadlines.rs`) and
-//! linearizability (`check/linear.rs`).
+//! reports (`check/truth.rs`), deadlines (`check/deadlines.rs`),
+//! linearizability (`check/linear.rs`) and what observers said
+//! (`check/observe.rs`).
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -17,6 +18,7 @@ use crate::log::{Event, Stamped};
 mod deadlines;
 mod leaks;
 mod linear;
+mod observe;
 mod recovery;
 mod run;
 mod safety;
@@ -25,8 +27,14 @@ mod truth;
 pub(crate) use self::run::Server;
 
 /// Every check; the violations found.
-pub(crate) fn all(events: &[Stamped], server: &Server, end: Duration) -> Vec<String> {
-    let run = Run::new(events, server, end);
+pub(crate) fn all(
+    events: &[Stamped],
+    server: &Server,
+    end: Duration,
+    clock_rate: Option<f64>,
+) -> Vec<String> {
+    let mut run = Run::new(events, server, end);
+    run.drift_slack = drift_slack(clock_rate);
     let mut violations = Vec::new();
     let out = &mut violations;
     liveness(&run, out);
@@ -48,7 +56,24 @@ pub(crate) fn all(events: &[Stamped], server: &Server, end: Duration) -> Vec<Str
     contracts(&run, out);
     truth::backoff(&run, out);
     linear::check(&run, out);
+    observe::told_right(&run, out);
+    observe::kept_looking(&run, out);
     violations
+}
+
+/// How far past the server's expiry a guard on a clock running at `rate`
+/// may believe, or say its lease lasts. A lease of `L` measured on a clock
+/// running slow (`rate < 1`) lasts `L / rate` of true time, `L × (1/rate −
+/// 1)` too long. What the README promises: while `ttl × (1/rate − 1)` is
+/// under the service's 1 s grace, no guard believes past the moment
+/// another holder can take the key. So with a drifting clock a belief may
+/// outlast the expiry by less than the grace, never more: beyond the
+/// stated bound these checks fail.
+fn drift_slack(rate: Option<f64>) -> Duration {
+    match rate {
+        Some(rate) if rate < 1.0 => Duration::from_secs(1),
+        _ => Duration::ZERO,
+    }
 }
 
 /// Liveness, coarsely: three programs of mostly holds and scopes on two

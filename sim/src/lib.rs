@@ -38,6 +38,9 @@ pub struct Options {
     pub fault_window: Duration,
     /// A bug planted in the SDK, to show that the checks find it.
     pub sabotage: Sabotage,
+    /// The rate every client host's clock runs at against true time
+    /// (`Some(0.96)`: 4 % slow); `None`: exactly.
+    pub clock_rate: Option<f64>,
 }
 
 impl Default for Options {
@@ -48,6 +51,7 @@ impl Default for Options {
             steps: 6,
             fault_window: Duration::from_secs(90),
             sabotage: Sabotage::None,
+            clock_rate: None,
         }
     }
 }
@@ -148,7 +152,7 @@ fn simulate(seed: u64, options: &Options) -> Outcome {
         })
         .sum();
     match world.server_view(sim.elapsed(), jumped) {
-        Some(server) => violations.extend(check::all(&events, &server, end)),
+        Some(server) => violations.extend(check::all(&events, &server, end, options.clock_rate)),
         None => violations.push("the server never started".to_owned()),
     }
     let mut trace = log::trace(&events);

@@ -80,6 +80,23 @@ pub(crate) enum Event {
     ServerJump { by: Duration },
     /// A client host crashed: its leases stay until they expire.
     Crashed { client: usize },
+    /// A program observes `key` (`locks.observe`) until `until` (or its
+    /// step ends first), looking at most `poll` apart.
+    Observing {
+        client: usize,
+        key: String,
+        until: Duration,
+        poll: Duration,
+    },
+    /// The observer yielded a change: its kind, the fence after it, and
+    /// the lease seen before it (fence, expiry), if any.
+    Observed {
+        client: usize,
+        key: String,
+        kind: &'static str,
+        fence: Option<i64>,
+        before: Option<(i64, chrono::DateTime<chrono::Utc>)>,
+    },
 }
 
 /// How an operation waits for a key.

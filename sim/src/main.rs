@@ -55,6 +55,10 @@ fn parse() -> Result<Args, String> {
             "--clients" => args.options.clients = number(value()?)? as usize,
             "--keys" => args.options.keys = number(value()?)?.max(1) as usize,
             "--steps" => args.options.steps = number(value()?)? as usize,
+            "--clock-rate" => {
+                let rate: f64 = value()?.parse().map_err(|e| format!("--clock-rate: {e}"))?;
+                args.options.clock_rate = Some(rate);
+            }
             "--sabotage" => {
                 args.options.sabotage = match value()?.as_str() {
                     "release-before-mark" => Sabotage::ReleaseBeforeMark,
@@ -63,6 +67,13 @@ fn parse() -> Result<Args, String> {
                     "try-after-deadline" => Sabotage::TryAfterDeadline,
                     "drop-refused-release" => Sabotage::DropRefusedRelease,
                     "no-ramp" => Sabotage::NoRamp,
+                    "no-risk-warning" => Sabotage::NoRiskWarning,
+                    "no-min-hold" => Sabotage::NoMinHold,
+                    "stale-leader-status" => Sabotage::StaleLeaderStatus,
+                    "observe-misses-takeover" => Sabotage::ObserveMissesTakeover,
+                    "observe-stalls" => Sabotage::ObserveStalls,
+                    "leader-health-silent" => Sabotage::LeaderHealthSilent,
+                    "leader-health-stuck" => Sabotage::LeaderHealthStuck,
                     other => return Err(format!("unknown sabotage {other:?}")),
                 }
             }

@@ -48,6 +48,8 @@ pub(crate) struct Program {
     pub(crate) senders: crate::net::Senders,
     /// The client's lease clock, for the driver's suspends.
     pub(crate) clock: Arc<Mutex<Option<volcano::LeaseClock>>>,
+    /// The rate the host's clock runs at (`None`: exactly).
+    pub(crate) clock_rate: Option<f64>,
     /// The server, read directly (not over the network) once `shutdown`
     /// has returned.
     pub(crate) server: Arc<Mutex<Option<volcano_mock_server::MockServer>>>,
@@ -55,7 +57,10 @@ pub(crate) struct Program {
 
 impl Program {
     pub(crate) async fn run(self) -> turmoil::Result {
-        let clock = volcano::sim::lease_clock();
+        let clock = match self.clock_rate {
+            Some(rate) => volcano::sim::drifting_lease_clock(rate),
+            None => volcano::sim::lease_clock(),
+        };
         *crate::lock(&self.clock) = Some(clock.clone());
         let builder = Client::builder()
             .api_url(format!("http://{SERVER}:{PORT}"))

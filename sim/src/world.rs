@@ -82,6 +82,7 @@ impl World {
                 gate: self.gate.clone(),
                 senders: self.senders.clone(),
                 clock,
+                clock_rate: options.clock_rate,
                 server: self.server.clone(),
             };
             let program = std::cell::RefCell::new(Some(program));

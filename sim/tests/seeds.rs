@@ -134,3 +134,80 @@ fn finds_a_leader_status_that_outlives_its_term() {
         "seed {seed}: {violation}"
     );
 }
+
+#[test]
+fn finds_an_observer_that_calls_a_takeover_a_renewal() {
+    let (seed, violation) =
+        first_found(Sabotage::ObserveMissesTakeover).expect("found within the bound");
+    assert!(
+        violation.contains("a renewal") && violation.contains("(a takeover)"),
+        "seed {seed}: {violation}"
+    );
+}
+
+#[test]
+fn finds_an_observer_that_stops_looking_after_a_failure() {
+    let (seed, violation) = first_found(Sabotage::ObserveStalls).expect("found within the bound");
+    assert!(
+        violation.contains("stopped looking"),
+        "seed {seed}: {violation}"
+    );
+}
+
+/// Clocks that drift within the README's bound (a lease of `ttl` measured
+/// on a clock `ρ` slow overruns by `ttl × ρ`, kept under the service's
+/// 1 s grace: ρ < 1/12 for the programs' longest TTL, 12 s) run clean,
+/// slow or fast; no guard believes past the moment another can take its
+/// key.
+#[test]
+fn clocks_drifting_within_the_stated_bound_run_clean() {
+    for rate in [0.95, 1.05] {
+        let options = Options {
+            clock_rate: Some(rate),
+            ..Options::default()
+        };
+        for seed in 0..50 {
+            let outcome = run(seed, &options);
+            assert!(
+                outcome.violations.is_empty(),
+                "rate {rate}, seed {seed}: {:#?}",
+                outcome.violations
+            );
+        }
+    }
+}
+
+/// Beyond the bound (a clock 20 % slow overruns a 12 s lease by 3 s), the
+/// checks find a guard that believes or claims past its lease.
+#[test]
+fn clocks_drifting_beyond_the_stated_bound_are_found() {
+    let options = Options {
+        clock_rate: Some(0.8),
+        ..Options::default()
+    };
+    let found = (0..FIND_WITHIN).find_map(|seed| run(seed, &options).violations.first().cloned());
+    let violation = found.expect("found within the bound");
+    assert!(
+        ["overclaim", "overstated", "exclusion"]
+            .iter()
+            .any(|what| violation.contains(what)),
+        "{violation}"
+    );
+}
+
+#[test]
+fn finds_a_leader_health_that_misses_a_stalled_term() {
+    let (seed, violation) =
+        first_found(Sabotage::LeaderHealthSilent).expect("found within the bound");
+    assert!(
+        violation.contains("health says nothing"),
+        "seed {seed}: {violation}"
+    );
+}
+
+#[test]
+fn finds_a_leader_health_that_outlives_its_term() {
+    let (seed, violation) =
+        first_found(Sabotage::LeaderHealthStuck).expect("found within the bound");
+    assert!(violation.contains("has ended"), "seed {seed}: {violation}");
+}

@@ -398,6 +398,7 @@ impl Locks {
             options: AcquireOptions::default(),
             until: None,
             status: tokio::sync::watch::Sender::new(LeaderStatus::Following),
+            term: Default::default(),
             key_in_metrics: false,
         }
     }

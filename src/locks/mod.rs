@@ -36,7 +36,7 @@ mod handles {
 }
 
 pub use builders::hold::{Hold, HoldAll};
-pub use builders::leader::{Leader, LeaderStatus};
+pub use builders::leader::{Leader, LeaderHealth, LeaderStatus};
 pub use builders::requests::{Acquire, ForceRelease, Get, Release, Renew};
 pub use builders::scope::{TryWithLock, WithLock, WithLocks};
 pub use handles::guard::{AtRisk, LockGuard};

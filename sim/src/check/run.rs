@@ -43,6 +43,9 @@ pub(super) struct Run<'a> {
     /// The programs' beliefs that they held a key; those still open at
     /// the end (`end`, sim time) last until then.
     pub(super) beliefs: Vec<Belief>,
+    /// How far past the server's expiry a guard may say its lease lasts
+    /// because its host's clock runs slow (zero for an exact clock).
+    pub(super) drift_slack: Duration,
 }
 
 impl<'a> Run<'a> {
@@ -68,6 +71,7 @@ impl<'a> Run<'a> {
             grants,
             breaks,
             beliefs,
+            drift_slack: Duration::ZERO,
         }
     }
 

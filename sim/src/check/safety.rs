@@ -98,7 +98,7 @@ pub(super) fn within_lease(run: &Run<'_>, out: &mut Vec<String>) {
         let until = expiry_granted(run, &b.key, b.fence, |at| at < b.to);
         let Some(until) = until else { continue };
         let since = granted_at(&run.grants, &b.key, b.fence).unwrap_or(b.from);
-        if b.to > until && !run.breaks.any(&b.key, since, b.to) {
+        if b.to > until + run.drift_slack && !run.breaks.any(&b.key, since, b.to) {
             out.push(format!(
                 "overclaim: client {} believed it held {} (fence {}) until {:?}, past the \
                  server's expiry of that lease at {:?}",
@@ -128,7 +128,8 @@ pub(super) fn remaining(run: &Run<'_>, out: &mut Vec<String>) {
         // A server clock jump since the grant moves the server's expiry
         // under the guard (by design, not the guard's fault).
         let since = granted_at(&run.grants, key, *fence).unwrap_or(e.at);
-        if e.at + *remaining > until && !run.breaks.any(key, since, e.at + *remaining) {
+        let claimed = e.at + *remaining;
+        if claimed > until + run.drift_slack && !run.breaks.any(key, since, claimed) {
             out.push(format!(
                 "overstated: client {client}'s guard on {key} (fence {fence}) said {remaining:?} \
                  was left at {:?}, past the server's expiry at {until:?}",

@@ -10,7 +10,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::watch;
-use volcano::{Error, LeaderStatus, LeaseClock, LockGuard, Locks, LostReason};
+use volcano::{Error, LeaderHealth, LeaderStatus, LeaseClock, LockGuard, Locks, LostReason};
 
 use crate::log::{Event, Log};
 
@@ -97,12 +97,16 @@ impl Ctx {
 
     /// [`Ctx::believe`] for a leader's term, whose `status` must say it
     /// leads under the term's fence while the term runs, and no longer
-    /// once its lock is lost (by the time the candidate's task has run).
+    /// once its lock is lost (by the time the candidate's task has run);
+    /// whose `health` reports nothing while the lock is held, nor once the
+    /// candidate has dropped the term. (That it reports a term that runs on
+    /// past its lock is checked where a term stalls: `Ctx::stall`.)
     pub(super) fn believe_term(
         &self,
         guard: &LockGuard,
-        status: Option<watch::Receiver<LeaderStatus>>,
+        leader: Option<(watch::Receiver<LeaderStatus>, LeaderHealth)>,
     ) -> impl Future<Output = ()> + 'static {
+        let (status, health) = leader.unzip();
         let asked = Duration::from_millis(self.ttl_ms.load(Ordering::Relaxed));
         if guard.ttl() != asked {
             self.log.push(Event::Contract {
@@ -120,6 +124,17 @@ impl Ctx {
             key: key.clone(),
             fence,
         });
+        if let Some(overdue) = health.as_ref().and_then(LeaderHealth::overdue) {
+            if !guard.is_lost() {
+                self.log.push(Event::Contract {
+                    client: self.id,
+                    what: format!(
+                        "a term on {key} (fence {fence}) holds its lock, yet its leader's health \
+                         says it is {overdue:?} overdue"
+                    ),
+                });
+            }
+        }
         if let Some(status) = &status {
             let leading = matches!(
                 *status.borrow(),
@@ -149,6 +164,12 @@ impl Ctx {
                     log.push(Event::Contract {
                         client,
                         what: format!("the status still says leading on {key} (fence {fence}) after the term's lock ended"),
+                    });
+                }
+                if let Some(overdue) = health.as_ref().and_then(LeaderHealth::overdue) {
+                    log.push(Event::Contract {
+                        client,
+                        what: format!("the term on {key} (fence {fence}) has ended, yet its leader's health says a term is {overdue:?} overdue"),
                     });
                 }
             }

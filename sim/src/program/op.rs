@@ -35,13 +35,15 @@ pub(super) enum Op {
     OwnToken,
     /// `force_release` (breaks exclusion by design).
     ForceRelease,
+    /// `observe` a key for a while, logging each change it yields.
+    Observe,
 }
 
 /// Each operation's share of the draws: an entry takes the next `weight`
 /// values of the draw, in this order (draws 0 to 2 hold, 3 to 5 run
 /// `with_lock`, and so on). `ForceRelease` has two slots, draws 11 and 15:
 /// the order is what keeps every seed's replay, so it is not merged.
-pub(super) const OPS: [(Op, u32); 10] = [
+pub(super) const OPS: [(Op, u32); 11] = [
     (Op::HoldShaped, 3),
     (Op::WithLock, 3),
     (Op::TryWithLock, 2),
@@ -52,9 +54,10 @@ pub(super) const OPS: [(Op, u32); 10] = [
     (Op::WithLocks, 1),
     (Op::OwnToken, 1),
     (Op::ForceRelease, 1),
+    (Op::Observe, 2),
 ];
 
-/// The range of a step's draw: the weights' sum (16).
+/// The range of a step's draw: the weights' sum (18).
 pub(super) const DRAWS: u32 = {
     let mut sum = 0;
     let mut i = 0;
@@ -95,7 +98,7 @@ impl Op {
             | Op::WithLocks
             | Op::OwnToken => Some(wait_for(coin)),
             Op::Leader => Some(campaign(work)),
-            Op::TryWithLock | Op::ForceRelease => None,
+            Op::TryWithLock | Op::ForceRelease | Op::Observe => None,
         }
     }
 
@@ -109,7 +112,8 @@ impl Op {
             | Op::TryWithLock
             | Op::AcquireRenewRelease
             | Op::OwnToken
-            | Op::ForceRelease => Waiting::Acquire,
+            | Op::ForceRelease
+            | Op::Observe => Waiting::Acquire,
         }
     }
 
@@ -184,8 +188,8 @@ pub(super) fn uuid_from(seed: u64) -> String {
 mod tests {
     use super::*;
 
-    /// The integer codes the table replaced, draw by draw: a seed replays
-    /// only if every draw still picks the same operation.
+    /// The integer codes the table replaced, draw by draw, then the
+    /// operations added since.
     #[test]
     fn the_table_keeps_the_old_codes() {
         let old = [
@@ -199,8 +203,9 @@ mod tests {
             (13..=13, Op::WithLocks),
             (14..=14, Op::OwnToken),
             (15..=15, Op::ForceRelease),
+            (16..=17, Op::Observe),
         ];
-        assert_eq!(DRAWS, 16);
+        assert_eq!(DRAWS, 18);
         for (draws, op) in old {
             for draw in draws {
                 assert_eq!(Op::pick(draw), op, "draw {draw}");
@@ -232,6 +237,8 @@ mod tests {
             acquire,
             acquire,
             acquire,
+            None,
+            None,
             None,
         ];
         assert_eq!(waits, expected);

@@ -31,11 +31,49 @@ impl Ctx {
             Op::WithLock => self.with_lock(&key, ttl, wait, work, coin).await,
             Op::TryWithLock => self.try_with_lock(&key, ttl, work, coin).await,
             Op::AcquireRenewRelease => self.acquire_renew_release(&key, ttl, wait, coin).await,
-            Op::Leader => self.lead(&key, ttl, work).await,
+            Op::Leader => self.lead(&key, ttl, work, coin).await,
             Op::HoldAll => self.hold_all(all, ttl, wait, work, coin).await,
             Op::WithLocks => self.with_locks(all, ttl, wait, work, coin).await,
             Op::OwnToken => self.own_token(&key, ttl, wait, work, coin).await,
             Op::ForceRelease => self.force_release(key).await,
+            Op::Observe => self.observe(&key, work, coin).await,
+        }
+    }
+
+    /// Observes `key` for a few times the step's work, logging each
+    /// change; the checks judge each against the server's journal, and
+    /// the observer's looks against its poll interval.
+    async fn observe(&self, key: &str, work: Duration, coin: u64) {
+        let (span, poll) = (campaign(work), poll_for(coin));
+        let until = turmoil::sim_elapsed().unwrap_or_default() + span;
+        self.log.push(Event::Observing {
+            client: self.id,
+            key: key.to_owned(),
+            until,
+            poll,
+        });
+        let mut changes = self.locks.observe(key).poll_interval(poll);
+        let deadline = tokio::time::sleep(span);
+        tokio::pin!(deadline);
+        loop {
+            let item = tokio::select! {
+                biased;
+                item = changes.next() => item,
+                () = &mut deadline => break,
+            };
+            match item {
+                Some(Ok(change)) => self.log.push(Event::Observed {
+                    client: self.id,
+                    key: key.to_owned(),
+                    kind: change.kind().as_str(),
+                    fence: change.state().fencing_token(),
+                    before: change
+                        .previous()
+                        .and_then(|s| s.fencing_token().zip(s.expires_at())),
+                }),
+                Some(Err(err)) => self.note(format!("observe {key}: {err}")),
+                None => break,
+            }
         }
     }
 
@@ -301,14 +339,46 @@ impl Ctx {
     }
 
     /// Leader election for a while: each term writes through the gate.
-    async fn lead(&self, key: &str, ttl: Duration, work: Duration) {
+    /// A term that keeps its thread past its lock: the lease clock moves
+    /// on by more than a ttl within one poll (as a blocking call or a GC
+    /// pause would), and the term, still running, asks its leader's health,
+    /// which must say it is overdue.
+    fn stall(&self, term: &LockGuard, health: &volcano::LeaderHealth, ttl: Duration) {
+        if term.is_lost() {
+            return;
+        }
+        let by = ttl + Duration::from_secs(1);
+        self.log.push(Event::Fault {
+            what: format!("stall of client-{}'s term for {by:?}", self.id),
+        });
+        self.clock.advance(by);
+        if health.overdue().is_none() {
+            self.log.push(Event::Contract {
+                client: self.id,
+                what: format!(
+                    "a term on {} stalled {by:?} past its lock, and its leader's health says nothing",
+                    term.lease().key()
+                ),
+            });
+        }
+    }
+
+    async fn lead(&self, key: &str, ttl: Duration, work: Duration, coin: u64) {
+        // A quarter of the candidates run terms that stall past their
+        // lock (a blocking call, a GC pause) after some work.
+        let stalls = one_in(coin >> 20, 4);
         let until = tokio::time::sleep(campaign(work));
         let leader = self.locks.leader(key, ttl).until(until);
         let status = leader.status();
-        let watched = &status;
+        let health = leader.health();
+        let (watched, health) = (&status, &health);
         let result = leader
             .run(|term| async move {
-                let ended = self.believe_term(&term, Some(watched.clone()));
+                let ended = self.believe_term(&term, Some((watched.clone(), health.clone())));
+                if stalls {
+                    self.work(&[&term], work / 2).await;
+                    self.stall(&term, health, ttl);
+                }
                 self.work(&[&term], Duration::from_secs(3600)).await;
                 ended.await;
                 Ok::<_, volcano::Error>(())

@@ -3,6 +3,7 @@
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::sync::watch;
@@ -25,6 +26,55 @@ pub struct Leader {
     pub(crate) status: watch::Sender<LeaderStatus>,
     /// Label the leader's metrics with its key.
     pub(crate) key_in_metrics: bool,
+    /// The running term, for [`Leader::health`].
+    pub(crate) term: Arc<engine::leader::TermSlot>,
+}
+
+/// A leader's health, for a liveness probe: whether a term has outlived
+/// its lock without stepping down. From [`Leader::health`]; clones see the
+/// same leader. No request to the service.
+///
+/// A term is dropped at its next `.await` once its lock is lost. A term
+/// that keeps its thread instead (blocking code, a loop that never
+/// awaits) runs on while another holder may have been elected; its status
+/// still says `Leading`, because the candidate cannot run to change it.
+/// [`LeaderHealth::overdue`] sees it from outside: restart such a process.
+///
+/// ```no_run
+/// # async fn demo(locks: volcano::Locks) {
+/// use std::time::Duration;
+/// let leader = locks.leader("scheduler", Duration::from_secs(15));
+/// let health = leader.health();
+/// tokio::spawn(leader.run(|term| async move {
+///     term.lost().await;
+///     Ok::<(), volcano::Error>(())
+/// }));
+/// // In the liveness probe:
+/// let healthy = health.overdue().is_none_or(|late| late < Duration::from_secs(5));
+/// # let _ = healthy; }
+/// ```
+#[derive(Clone)]
+pub struct LeaderHealth {
+    term: Arc<engine::leader::TermSlot>,
+}
+
+impl LeaderHealth {
+    /// How long the running term has outlived its lock without stepping
+    /// down: since its local deadline passed (or, for a loss before it,
+    /// since a call here first saw the loss). `None` while no term runs or
+    /// its lock is held. Right at a loss it is `Some` for the moment the
+    /// candidate takes to drop the term; compare it with a tolerance.
+    pub fn overdue(&self) -> Option<Duration> {
+        self.term.overdue()
+    }
+}
+
+impl std::fmt::Debug for LeaderHealth {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("LeaderHealth")
+            .field("overdue", &self.overdue())
+            .finish()
+    }
 }
 
 /// Where a [`Leader`] stands, for a readiness probe: read from a watch
@@ -105,6 +155,14 @@ impl Leader {
         self.status.subscribe()
     }
 
+    /// Whether a term has outlived its lock without stepping down, for a
+    /// liveness probe; see [`LeaderHealth`]. Take it before calling `run`.
+    pub fn health(&self) -> LeaderHealth {
+        LeaderHealth {
+            term: Arc::clone(&self.term),
+        }
+    }
+
     /// Labels the leader's metrics (`volcano_leader_*`) with its key. Off
     /// by default, so that the metrics' cardinality stays bounded
     /// whatever keys an application elects on.
@@ -132,8 +190,9 @@ impl Leader {
             until,
             status,
             key_in_metrics,
+            term: slot,
         } = self;
-        let report = engine::leader::Report::new(status, key_in_metrics.then(|| key.clone()));
+        let report = engine::leader::Report::new(status, key_in_metrics.then(|| key.clone()), slot);
         Box::pin(engine::leader::elect(
             locks, key, ttl, options, until, report, term,
         ))

@@ -28,18 +28,77 @@ enum TermEnd<E> {
     Lost,
 }
 
+/// The term running now, for [`LeaderHealth`](crate::LeaderHealth): set
+/// when a term begins, cleared when the candidate's loop has ended it.
+/// A term that keeps its thread (blocking code, a loop that never awaits)
+/// keeps the loop from ending it: then its guard is lost while it is
+/// still here.
+#[derive(Default)]
+pub(crate) struct TermSlot(std::sync::Mutex<Option<Running>>);
+
+struct Running {
+    guard: LockGuard,
+    /// When a health check first saw the term's lock lost.
+    seen_lost: Option<tokio::time::Instant>,
+}
+
+impl TermSlot {
+    fn lock(&self) -> std::sync::MutexGuard<'_, Option<Running>> {
+        self.0
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+    }
+
+    fn began(&self, guard: &LockGuard) {
+        *self.lock() = Some(Running {
+            guard: guard.clone(),
+            seen_lost: None,
+        });
+    }
+
+    fn ended(&self) {
+        if !sabotaged!(LeaderHealthStuck) {
+            *self.lock() = None;
+        }
+    }
+
+    /// How long the running term has outlived its lock: since its local
+    /// deadline passed, or since a check first saw it lost (a loss before
+    /// the deadline: a refusal, a mark, a max hold). `None`: no term, or
+    /// its lock still held.
+    pub(crate) fn overdue(&self) -> Option<Duration> {
+        let mut slot = self.lock();
+        let running = slot.as_mut()?;
+        if !running.guard.is_lost() || sabotaged!(LeaderHealthSilent) {
+            return None;
+        }
+        let now = tokio::time::Instant::now();
+        let seen = now - *running.seen_lost.get_or_insert(now);
+        let state = &running.guard.state;
+        let past_deadline = state.clock.now().saturating_sub(state.deadline());
+        Some(seen.max(past_deadline))
+    }
+}
+
 /// What a candidate tells the world: its [`LeaderStatus`] and its
-/// metrics (`volcano_leader_*`, labelled with the key only when asked).
+/// metrics (`volcano_leader_*`, labelled with the key only when asked),
+/// and its running term, for its health.
 pub(crate) struct Report {
     status: Arc<watch::Sender<LeaderStatus>>,
     key: Option<String>,
+    term: Arc<TermSlot>,
 }
 
 impl Report {
-    pub(crate) fn new(status: watch::Sender<LeaderStatus>, key: Option<String>) -> Self {
+    pub(crate) fn new(
+        status: watch::Sender<LeaderStatus>,
+        key: Option<String>,
+        term: Arc<TermSlot>,
+    ) -> Self {
         Report {
             status: Arc::new(status),
             key,
+            term,
         }
     }
 
@@ -103,6 +162,7 @@ impl Report {
 /// dropped mid-term): it leads no more.
 impl Drop for Report {
     fn drop(&mut self) {
+        self.term.ended();
         if matches!(*self.status.borrow(), LeaderStatus::Leading { .. }) {
             crate::telemetry::leader_ended(self.key.as_deref(), "dropped");
         }
@@ -189,6 +249,7 @@ where
         report.elected(fencing_token);
 
         let guard = LockGuard::clone(&held);
+        report.term.began(&guard);
         let end = {
             let work = term(guard.clone()).instrument(span.clone());
             tokio::pin!(work);
@@ -207,6 +268,7 @@ where
             }
         };
         // Not leading from here on, whatever the release says.
+        report.term.ended();
         report.ended(match &end {
             TermEnd::Lost => guard
                 .failure()
