@@ -27,9 +27,6 @@ pub(crate) struct Background {
     /// token (never logged), and the time after which that lease can no
     /// longer be live.
     unreleased: Mutex<Vec<Unreleased>>,
-    /// `true` while `shutdown` waits: a release that waits to go again
-    /// (an undo's second release) goes at once instead.
-    hurry: watch::Sender<bool>,
 }
 
 struct Unreleased {
@@ -147,24 +144,12 @@ impl Background {
         });
     }
 
-    /// Sleeps until `at`, or until `shutdown` is waiting for the
-    /// background releases, whichever comes first.
-    pub(crate) async fn sleep_unless_hurried(&self, at: Instant) {
-        let mut hurry = self.hurry.subscribe();
-        tokio::select! {
-            () = tokio::time::sleep_until(at) => {}
-            _ = hurry.wait_for(|hurry| *hurry) => {}
-        }
-    }
-
     /// Waits up to `timeout` for every running release, then names the
     /// keys that may still be held: releases still running, and releases
     /// that ended without freeing a lease that may still be live.
     pub(crate) async fn wait_idle(&self, timeout: Duration) -> Vec<String> {
         let mut count = self.count.subscribe();
-        self.hurry.send_replace(true);
         let _ = tokio::time::timeout(timeout, count.wait_for(|n| *n == 0)).await;
-        self.hurry.send_replace(false);
         let mut keys: Vec<String> = self.lock().values().map(|r| r.key.clone()).collect();
         let now = Instant::now();
         keys.extend(

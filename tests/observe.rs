@@ -266,3 +266,25 @@ async fn observers_of_one_client_share_a_429() {
     assert!(waited.is_err(), "the other waits out the window too");
     assert_eq!(server.requests().len(), asked, "no request from the other");
 }
+
+/// A caller that keeps dropping `next()` (a short timeout around it)
+/// does not send a look each time: a look dropped in flight counts.
+#[tokio::test]
+async fn dropping_next_again_and_again_does_not_flood_the_service() {
+    let server = MockServer::start().await;
+    server.inject(Fault::delay_response(Duration::from_millis(300)).on(Operation::Get));
+    let locks = mock_client(&server).locks();
+    let mut changes = locks
+        .observe("report")
+        .poll_interval(Duration::from_secs(10));
+    for _ in 0..20 {
+        let _ = tokio::time::timeout(Duration::from_millis(20), changes.next()).await;
+    }
+    let looks = server
+        .requests()
+        .iter()
+        .filter(|r| r.operation == Operation::Get)
+        .count();
+    assert_eq!(looks, 1, "one look, then it waits its interval");
+    assert!(changes.next_look_in() > Duration::from_secs(9));
+}

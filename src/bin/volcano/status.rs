@@ -34,10 +34,11 @@ pub(crate) async fn while_waiting<T>(
             let pause = match locks.get(key).await {
                 Ok(state) => {
                     let waited = started.elapsed().as_secs();
-                    let now = match (state.fencing_token(), state.expires_at()) {
-                        (Some(fence), Some(expires)) if state.held() => {
-                            let left = (expires - chrono::Utc::now()).num_seconds().max(0);
-                            format!("held, fencing token {fence}, ~{left} s left")
+                    // Time left on the service's clock (its `Date`), not
+                    // this machine's.
+                    let now = match (state.fencing_token(), state.remaining()) {
+                        (Some(fence), Some(left)) if state.held() => {
+                            format!("held, fencing token {fence}, ~{} s left", left.as_secs())
                         }
                         _ => "free; acquiring".to_owned(),
                     };

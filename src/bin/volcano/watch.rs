@@ -3,10 +3,11 @@
 //! release from an expiry) until interrupted or nobody reads the output.
 //! Built on the library's `Locks::observe`, one stream per key, so the
 //! changes are judged on the service's clock as the library judges them.
-//! One `get` every `--interval` (default 2 s: 30 requests a minute, 5 % of
-//! a 600/min project quota) whatever the number of keys (each key every
-//! `interval × keys`), plus a look at a lease's last moments; a 429 waits
-//! out its `Retry-After`.
+//! One `get` every `--interval` on average (default 2 s: 30 requests a
+//! minute, 5 % of a 600/min project quota) whatever the number of keys
+//! (each key every `interval × keys`), at most twice that while holders
+//! with a TTL shorter than `interval × keys` keep renewing (a look around
+//! each lease's expiry); a 429 waits out its `Retry-After`.
 
 use std::time::Duration;
 
@@ -112,7 +113,9 @@ pub(crate) async fn watch(
     drop(sender);
     // Every key is looked at once before anything is printed: a bad key
     // fails the command before the others print a line.
+    // Changes of a key seen before every key was seen once wait their turn.
     let mut first: Vec<Option<LockChange>> = vec![None; keys.len()];
+    let mut early: Vec<LockChange> = Vec::new();
     let mut started = false;
     loop {
         let (index, item, pause) = tokio::select! {
@@ -138,10 +141,13 @@ pub(crate) async fn watch(
             }
             continue;
         }
-        first[index] = Some(change);
+        match first[index] {
+            None => first[index] = Some(change),
+            Some(_) => early.push(change),
+        }
         if first.iter().all(Option::is_some) {
             started = true;
-            for change in first.iter().flatten() {
+            for change in first.iter().flatten().chain(&early) {
                 if !print(output, change) {
                     return Ok(());
                 }

@@ -39,6 +39,10 @@ pub struct Leader {
 /// awaits) runs on while another holder may have been elected; its status
 /// still says `Leading`, because the candidate cannot run to change it.
 /// [`LeaderHealth::overdue`] sees it from outside: restart such a process.
+/// It sees the term itself, not work the term spawned (a spawned task
+/// outlives the term unseen). Right after the machine slept past the
+/// lease, one probe may read the sleep before the candidate has run to
+/// drop the term: confirm on a second probe.
 ///
 /// ```no_run
 /// # async fn demo(locks: volcano::Locks) {

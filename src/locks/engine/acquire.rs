@@ -124,15 +124,10 @@ struct Undo<'a> {
     /// try was sent before, and may still be applied up to its timeout
     /// after it was sent: held in the network, or by the service).
     live_for: Duration,
-    /// The request timeout: a try sent before the undo may be applied
-    /// until this long after the undo began.
-    request_timeout: Duration,
     /// The generated token; `None` once there is nothing to undo.
     token: Option<&'a str>,
     in_flight: bool,
     uncertain: bool,
-    /// A try got no answer at all (its request may still be on its way).
-    unanswered: bool,
 }
 
 impl<'a> Undo<'a> {
@@ -147,11 +142,9 @@ impl<'a> Undo<'a> {
             locks,
             key,
             live_for: ttl.saturating_add(request_timeout),
-            request_timeout,
             token: generated,
             in_flight: false,
             uncertain: false,
-            unanswered: false,
         }
     }
 
@@ -163,10 +156,7 @@ impl<'a> Undo<'a> {
         self.in_flight = false;
         match result {
             Ok(_) => self.token = None,
-            Err(err) if err.may_have_applied() => {
-                self.uncertain = true;
-                self.unanswered |= matches!(err, Error::Transport(_));
-            }
+            Err(err) if err.may_have_applied() => self.uncertain = true,
             Err(_) => {}
         }
     }
@@ -186,18 +176,10 @@ impl Drop for Undo<'_> {
             chrono::DateTime::<chrono::Utc>::UNIX_EPOCH,
             0,
         );
-        // Released now, and, if a try got no answer, once more when it can
-        // no longer be applied: a try overtaken by this release (held in
-        // the network, or queued by the service) would otherwise grant a
-        // lease nobody releases.
-        let again_at = (self.in_flight || self.unanswered)
-            .then(|| tokio::time::Instant::now().checked_add(self.request_timeout))
-            .flatten();
-        release::in_background_until(
+        release::in_background(
             self.locks,
             lease,
             self.live_for,
-            again_at,
             "undo an acquire whose outcome is unknown",
         );
     }

@@ -69,14 +69,17 @@ impl TermSlot {
     pub(crate) fn overdue(&self) -> Option<Duration> {
         let mut slot = self.lock();
         let running = slot.as_mut()?;
-        if !running.guard.is_lost() || sabotaged!(LeaderHealthSilent) {
+        // Read only: no loss is recorded here (recording one may start a
+        // release, and a probe may run on a thread of its own).
+        let state = &running.guard.state;
+        let past_deadline = state.clock.now().checked_sub(state.deadline());
+        let lost = past_deadline.is_some() || state.failure().is_some();
+        if !lost || sabotaged!(LeaderHealthSilent) {
             return None;
         }
         let now = tokio::time::Instant::now();
         let seen = now - *running.seen_lost.get_or_insert(now);
-        let state = &running.guard.state;
-        let past_deadline = state.clock.now().saturating_sub(state.deadline());
-        Some(seen.max(past_deadline))
+        Some(seen.max(past_deadline.unwrap_or_default()))
     }
 }
 

@@ -30,7 +30,7 @@ use crate::locks::handles::observe::{ChangeKind, LockChange};
 use crate::locks::options::RequestOptions;
 use crate::locks::Locks;
 use crate::retry::observe::{AFTER_GRACE, MAX_PAUSE, RETRY_LATE};
-use crate::retry::wait::{LOOK_SPREAD, POLL_MIN};
+use crate::retry::wait::{LOOK_SPREAD, MAX_POLL, POLL_MIN};
 
 pub(crate) use crate::retry::observe::DEFAULT_POLL;
 
@@ -183,6 +183,20 @@ impl Quota {
     }
 }
 
+/// Whether a failed look ends the stream: a bad argument, or an answer
+/// about the request itself (400, 401, 403, 404) that another look would
+/// get again. Anything else (no answer, 429, 5xx, an unusable answer) is
+/// looked at again.
+fn ends(err: &Error) -> bool {
+    matches!(
+        err,
+        Error::InvalidArgument(_)
+            | Error::Validation(_)
+            | Error::Authentication(_)
+            | Error::NotFound(_)
+    )
+}
+
 /// The state of one observer.
 #[derive(Debug)]
 pub(crate) struct Observer {
@@ -195,6 +209,13 @@ pub(crate) struct Observer {
     next_at: Option<Instant>,
     /// A permanent failure was returned: the stream has ended.
     ended: bool,
+    /// The next look is one at a lease's last moments, not a regular one.
+    special_next: bool,
+    /// Since the last regular look, a look at a lease's last moments came
+    /// and found it renewed: the next such look waits for a regular one,
+    /// so that a holder with a TTL shorter than the poll interval costs at
+    /// most one look more per interval.
+    special_spent: bool,
 }
 
 impl Observer {
@@ -209,6 +230,8 @@ impl Observer {
             },
             next_at: None,
             ended: false,
+            special_next: false,
+            special_spent: false,
         }
     }
 
@@ -245,24 +268,32 @@ impl Observer {
                 }
             }
             let sent = Instant::now();
+            // A look dropped before its answer (a `next()` given up) still
+            // counts: the next waits its interval, so that a caller that
+            // keeps dropping `next()` does not send a look each time.
+            self.next_at = Some(sent + self.poll());
+            let special = std::mem::take(&mut self.special_next);
             let answer = super::requests::get(locks, &self.key, &RequestOptions::default()).await;
             let received = Instant::now();
             match answer {
                 Ok((state, date)) => {
-                    if let Some(change) = self.saw(state, date, sent, received) {
+                    if let Some(change) = self.saw(state, date, sent, received, special) {
                         return Some(Ok(change));
                     }
                 }
-                Err(err) if err.is_transient() => {
-                    let next_at = received + self.pause(err.retry_after());
-                    if matches!(err, Error::RateLimited(_)) {
-                        quota.spent_until(next_at);
-                    }
-                    self.next_at = Some(next_at);
+                // A bad key, a refused service key: another look will not
+                // mend it.
+                Err(err) if ends(&err) => {
+                    self.ended = true;
                     return Some(Err(err));
                 }
                 Err(err) => {
-                    self.ended = true;
+                    self.next_at = Some(received + self.pause(err.retry_after()));
+                    if let (Error::RateLimited(_), Some(after)) = (&err, err.retry_after()) {
+                        // The window the service named, for the client's
+                        // other observers (each adds its own spread).
+                        quota.spent_until(received + after.min(MAX_PAUSE));
+                    }
                     return Some(Err(err));
                 }
             }
@@ -283,7 +314,9 @@ impl Observer {
         date: Option<DateTime<Utc>>,
         sent: Instant,
         received: Instant,
+        special: bool,
     ) -> Option<LockChange> {
+        self.special_spent = special;
         // Without a `Date` (not the service), this machine's clock.
         let date = match date {
             Some(date) => {
@@ -305,7 +338,9 @@ impl Observer {
                 now.latest = now.latest.max(old.latest);
             }
         }
-        self.next_at = Some(self.schedule(now.as_ref(), received));
+        let (next_at, special) = self.schedule(now.as_ref(), received);
+        self.next_at = Some(next_at);
+        self.special_next = special;
         let previous = self.last.replace((state.clone(), now));
         let kind = kind?;
         tracing::debug!(key = %self.key, ?kind, fencing_token = state.fencing_token(), "lock changed");
@@ -318,27 +353,42 @@ impl Observer {
         })
     }
 
-    /// When to look next after an answer received at `received`: at the
-    /// poll interval, or sooner at the known lease's last moments.
-    fn schedule(&self, lease: Option<&Lease>, received: Instant) -> Instant {
-        let regular = received + self.poll.mul_f64(1.0 - 0.1 * crate::random::unit());
+    /// When to look next after an answer received at `received`, and
+    /// whether that look is a special one: at the poll interval, or sooner
+    /// at the known lease's last moments. A lease seen when it could no
+    /// longer be renewed always gets its look as it frees; one not seen so
+    /// gets a look at its last moments only if no such look has found a
+    /// renewal since the last regular look.
+    fn schedule(&self, lease: Option<&Lease>, received: Instant) -> (Instant, bool) {
+        let regular = received + self.poll().mul_f64(1.0 - 0.1 * crate::random::unit());
         let special = lease.and_then(|lease| {
             let at = if lease.seen_final() {
                 let spread = LOOK_SPREAD.mul_f64(crate::random::unit());
                 lease.expires_at + TimeDelta::from_std(AFTER_GRACE + spread).ok()?
-            } else {
+            } else if !self.special_spent {
                 lease.final_look()
+            } else {
+                return None;
             };
             self.clock.local(at)
         });
         match special {
-            Some(special) if special > received => special.max(received + POLL_MIN).min(regular),
+            Some(special) if special > received && special < regular => {
+                (special.max(received + POLL_MIN), true)
+            }
             // Passed already, and the lease still shows as before: the
             // estimate was off (the server's clock jumped) or its grace is
             // longer than a second. Again in a second.
-            Some(_) => (received + RETRY_LATE).min(regular),
-            None => regular,
+            Some(special) if special <= received && received + RETRY_LATE < regular => {
+                (received + RETRY_LATE, true)
+            }
+            _ => (regular, false),
         }
+    }
+
+    /// The poll interval, at most [`MAX_POLL`] (a day).
+    fn poll(&self) -> Duration {
+        self.poll.min(MAX_POLL)
     }
 
     /// The pause after a transient failure: the poll interval, or the
@@ -348,13 +398,14 @@ impl Observer {
         if sabotaged!(ObserveStalls) {
             return Duration::from_secs(86_400);
         }
-        let wait = retry_after.map_or(self.poll, |after| after.min(MAX_PAUSE).max(self.poll));
+        let poll = self.poll();
+        let wait = retry_after.map_or(poll, |after| after.min(MAX_PAUSE).max(poll));
         wait + self.spread()
     }
 
     /// Up to one poll interval (at most [`MAX_PAUSE`]).
     fn spread(&self) -> Duration {
-        self.poll.min(MAX_PAUSE).mul_f64(crate::random::unit())
+        self.poll().min(MAX_PAUSE).mul_f64(crate::random::unit())
     }
 }
 

@@ -229,20 +229,6 @@ pub(crate) fn in_background(
     live_for: Duration,
     why: &'static str,
 ) {
-    in_background_until(locks, lease, live_for, None, why);
-}
-
-/// [`in_background`], and once more at `again_at` (or as soon as
-/// `shutdown` waits) if the first ended before it: an acquire being undone
-/// may still be applied until then (held in the network or by the
-/// service), after a release that found nothing to free.
-pub(crate) fn in_background_until(
-    locks: &Locks,
-    lease: LockLease,
-    live_for: Duration,
-    again_at: Option<Instant>,
-    why: &'static str,
-) {
     let persistence = Persistence::background(locks, live_for);
     let task_locks = locks.clone();
     let (key, token) = (lease.key().to_owned(), lease.token().to_owned());
@@ -251,61 +237,35 @@ pub(crate) fn in_background_until(
         .background()
         .spawn_release(&key, &token, live_for, move |superseded| {
             Box::pin(async move {
-                let once =
-                    || background_once(&task_locks, &lease, persistence, superseded.clone(), why);
-                let settled = once().await;
-                match again_at {
-                    Some(at) if settled == Settled::Freed && at > Instant::now() => {
-                        // `shutdown` does not wait for it: the process is
-                        // ending, and nothing later could release it.
-                        task_locks
-                            .client()
-                            .background()
-                            .sleep_unless_hurried(at)
-                            .await;
-                        once().await
+                match confirmed(&task_locks, &lease, persistence, Some(superseded)).await {
+                    Ok(Ended::Released) => {
+                        tracing::debug!(key = lease.key(), why, "lock released in the background");
+                        Settled::Freed
                     }
-                    _ => settled,
+                    // The acquire that stopped it decides: until it holds
+                    // the lease again, the lease may still be live.
+                    Ok(Ended::Superseded) => Settled::MayBeHeld,
+                    Err(Failed {
+                        err: Error::Conflict(_),
+                        ..
+                    }) => {
+                        tracing::debug!(
+                            key = lease.key(),
+                            why,
+                            "another token holds the lock: nothing of ours to release"
+                        );
+                        Settled::Freed
+                    }
+                    Err(Failed { err, .. }) => {
+                        tracing::warn!(
+                            key = lease.key(),
+                            why,
+                            error = %crate::error::chain(&err),
+                            "background release failed; the lease expires at its ttl"
+                        );
+                        Settled::MayBeHeld
+                    }
                 }
             })
         });
-}
-
-/// One background release of `lease`, and what it settled.
-async fn background_once(
-    locks: &Locks,
-    lease: &LockLease,
-    persistence: Persistence,
-    superseded: tokio::sync::watch::Receiver<bool>,
-    why: &'static str,
-) -> Settled {
-    match confirmed(locks, lease, persistence, Some(superseded)).await {
-        Ok(Ended::Released) => {
-            tracing::debug!(key = lease.key(), why, "lock released in the background");
-            Settled::Freed
-        }
-        // The acquire that stopped it decides: until it holds the lease
-        // again, the lease may still be live.
-        Ok(Ended::Superseded) => Settled::MayBeHeld,
-        Err(Failed {
-            err: Error::Conflict(_),
-            ..
-        }) => {
-            tracing::debug!(
-                key = lease.key(),
-                why,
-                "another token holds the lock: nothing of ours to release"
-            );
-            Settled::Freed
-        }
-        Err(Failed { err, .. }) => {
-            tracing::warn!(
-                key = lease.key(),
-                why,
-                error = %crate::error::chain(&err),
-                "background release failed; the lease expires at its ttl"
-            );
-            Settled::MayBeHeld
-        }
-    }
 }

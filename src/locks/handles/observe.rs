@@ -15,11 +15,15 @@ use crate::locks::Locks;
 /// renewed, taken over, released or expired, judged on the service's clock.
 ///
 /// It looks at the key (`get`, no ownership token) every poll interval
-/// (default 10 s: six requests a minute, 1 % of a 600/min project quota),
-/// plus once in a known lease's last moments when that comes sooner, so
-/// that an expiry is told from a release and a holder that stopped
-/// renewing is seen gone about a second after its lease ended. After a
-/// 429 it waits out the window the service names.
+/// (default 10 s: six requests a minute, 1 % of a 600/min project quota).
+/// Around a known lease's expiry it looks once more when that comes
+/// sooner (at most one such look per interval while the holder keeps
+/// renewing, so a holder whose TTL is shorter than the interval costs at
+/// most twice as much), and once as a lease that could no longer be
+/// renewed frees: an expiry is told from a release, and a holder that
+/// stopped renewing is seen gone about a second after its lease ended.
+/// After a 429 with a `Retry-After`, every observer of the client waits
+/// out that window (each with its own spread of up to a poll interval).
 ///
 /// ```no_run
 /// # async fn demo(locks: volcano::Locks) -> Result<(), volcano::Error> {
@@ -31,11 +35,13 @@ use crate::locks::Locks;
 /// # Ok(()) }
 /// ```
 ///
-/// A failed look is yielded as an error. After a transient one (no answer,
-/// a 5xx, a 429: [`Error::is_transient`](crate::Error::is_transient)) the
-/// stream goes on, and the next look waits out the poll interval or the
-/// `Retry-After`; after any other (a bad key, a rejected service key) the
-/// stream ends (`None`). Changes while looks failed are not lost but
+/// A failed look is yielded as an error. After a bad argument, or an
+/// answer about the request itself (400, 401, 403, 404: a bad key, a
+/// refused service key), the stream ends (`None`); after any other (no
+/// answer, a 429, a 5xx, an answer it could not use) it goes on, and the
+/// next look waits out the poll interval or the `Retry-After`. A `next()`
+/// dropped while its look was in flight counts that look: the next call
+/// waits its interval. Changes while looks failed are not lost but
 /// merged: the next answer is compared with the last one that came.
 ///
 /// What it cannot see: two changes between two looks show as one (a
@@ -144,7 +150,8 @@ impl LockChange {
 }
 
 /// What kind of change a [`LockChange`] was. Released and expired are
-/// told apart on the service's clock, never this machine's.
+/// told apart on the service's clock (the answers' `Date`), never this
+/// machine's, unless an answer comes without a `Date`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ChangeKind {
