@@ -49,6 +49,7 @@ pub(crate) fn retries_acquire(err: &Error) -> bool {
         Error::Transport(e) => e.kind != TransportKind::PausedClock,
         Error::Server(api) => api.status() == Some(503),
         Error::InvalidResponse(e) => e.reason() == InvalidReason::NotAnObject,
+        Error::Conflict(_) => sabotaged!(RetryOn409),
         _ => false,
     }
 }

@@ -85,6 +85,11 @@ pub enum Sabotage {
     LeaderHealthSilent,
     /// A leader's health keeps reporting a term after it ended.
     LeaderHealthStuck,
+    /// A held lock is never renewed: it expires at its first deadline.
+    NoRenewal,
+    /// An acquire answered 409 is retried at once (the protocol retries
+    /// only after a 503 or no answer).
+    RetryOn409,
 }
 
 thread_local! {

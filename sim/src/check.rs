@@ -15,6 +15,7 @@ use std::time::Duration;
 use self::run::Run;
 use crate::log::{Event, Stamped};
 
+mod cadence;
 mod deadlines;
 mod leaks;
 mod linear;
@@ -58,6 +59,8 @@ pub(crate) fn all(
     linear::check(&run, out);
     observe::told_right(&run, out);
     observe::kept_looking(&run, out);
+    cadence::renewed(&run, out);
+    cadence::acquire_retries(&run, out);
     violations
 }
 

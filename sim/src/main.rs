@@ -74,6 +74,8 @@ fn parse() -> Result<Args, String> {
                     "observe-stalls" => Sabotage::ObserveStalls,
                     "leader-health-silent" => Sabotage::LeaderHealthSilent,
                     "leader-health-stuck" => Sabotage::LeaderHealthStuck,
+                    "no-renewal" => Sabotage::NoRenewal,
+                    "retry-on-409" => Sabotage::RetryOn409,
                     other => return Err(format!("unknown sabotage {other:?}")),
                 }
             }

@@ -281,6 +281,10 @@ impl Drop for LiveRenewal {
 /// lease was obtained, not when the task first runs) until the lock is lost
 /// or the task is aborted.
 async fn renewal_task(state: Arc<State>, locks: Locks, mut next_at: Duration, _live: LiveRenewal) {
+    if sabotaged!(NoRenewal) {
+        let _ = state.sleep_while_held(Duration::MAX).await;
+        return;
+    }
     loop {
         if state.sleep_while_held(next_at).await.is_err() {
             break;
