@@ -17,6 +17,15 @@ use volcano_mock_server::{Fault, MockServer, Operation};
 const TTL: Duration = Duration::from_secs(30);
 const POLL: Duration = Duration::from_millis(100);
 
+/// How many looks (`get`) the server has seen.
+fn looks(server: &MockServer) -> usize {
+    server
+        .requests()
+        .iter()
+        .filter(|r| r.operation == Operation::Get)
+        .count()
+}
+
 async fn next(changes: &mut Observe) -> LockChange {
     tokio::time::timeout(Duration::from_secs(10), changes.next())
         .await
@@ -157,11 +166,7 @@ async fn an_expiry_is_seen_without_waiting_for_the_poll_interval() {
         change.previous().unwrap().fencing_token(),
         Some(lease.fencing_token())
     );
-    let looks = server
-        .requests()
-        .iter()
-        .filter(|r| r.operation == Operation::Get)
-        .count();
+    let looks = looks(&server);
     assert!(looks <= 4, "{looks} looks for one expiry");
 }
 
@@ -280,11 +285,7 @@ async fn dropping_next_again_and_again_does_not_flood_the_service() {
     for _ in 0..20 {
         let _ = tokio::time::timeout(Duration::from_millis(20), changes.next()).await;
     }
-    let looks = server
-        .requests()
-        .iter()
-        .filter(|r| r.operation == Operation::Get)
-        .count();
+    let looks = looks(&server);
     assert_eq!(looks, 1, "one look, then it waits its interval");
     assert!(changes.next_look_in() > Duration::from_secs(9));
 }
