@@ -90,6 +90,18 @@ pub enum Sabotage {
     /// An acquire answered 409 is retried at once (the protocol retries
     /// only after a 503 or no answer).
     RetryOn409,
+    /// A waiter never tries again after its first look at the holder: it
+    /// sleeps to its deadline.
+    WaiterStopsTrying,
+    /// A waiter's pauses are all 20 ms: it tries in a tight loop.
+    WaiterSpins,
+    /// A waiter gives up at its first 429, 5xx or transport failure.
+    WaiterGivesUpOnError,
+    /// A guard renews again as soon as a renewal is answered.
+    RenewsInATightLoop,
+    /// A guard renews 1.5 s before its local deadline, leaving a slow
+    /// answer no room before the protocol's last second.
+    RenewsTooLate,
 }
 
 thread_local! {

@@ -2,12 +2,16 @@
 //! journal and locks. Each violation is one line of text.
 //!
 //! [`all`] builds one [`Run`] (`check/run.rs`: the log, the server, and
-//! what the checks derive from them) and gives it to every check in turn:
-//! safety (`check/safety.rs`), leases left behind (`check/leaks.rs`), a
-//! freed key going to a waiter (`check/recovery.rs`), what a release
-//! reports (`check/truth.rs`), deadlines (`check/deadlines.rs`),
-//! linearizability (`check/linear.rs`) and what observers said
-//! (`check/observe.rs`).
+//! what the checks derive from them) and gives it to every check in turn.
+//! That locks never lie: safety (`check/safety.rs`), linearizability
+//! (`check/linear.rs`), what a release reports (`check/truth.rs`), what
+//! observers said (`check/observe.rs`). That they work: leases left
+//! behind and what `shutdown` reports (`check/leaks.rs`), a freed key
+//! going to a waiter (`check/recovery.rs`), deadlines kept
+//! (`check/deadlines.rs`), renewals on their schedule
+//! (`check/renewal.rs`), the protocol's single retry and waiters that
+//! keep trying (`check/cadence.rs`). It also measures the belief margin
+//! of every loss (`check/margin.rs`).
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -19,23 +23,27 @@ mod cadence;
 mod deadlines;
 mod leaks;
 mod linear;
+mod margin;
 mod observe;
 mod recovery;
+mod renewal;
 mod run;
 mod safety;
 mod truth;
 
 pub(crate) use self::run::Server;
 
-/// Every check; the violations found.
+/// Every check; the violations found, and the belief margin of every
+/// loss (`check/margin.rs`), in milliseconds.
 pub(crate) fn all(
     events: &[Stamped],
     server: &Server,
     end: Duration,
     clock_rate: Option<f64>,
-) -> Vec<String> {
+) -> (Vec<String>, Vec<i64>) {
     let mut run = Run::new(events, server, end);
     run.drift_slack = drift_slack(clock_rate);
+    run.clock_rate = clock_rate.unwrap_or(1.0);
     let mut violations = Vec::new();
     let out = &mut violations;
     liveness(&run, out);
@@ -59,9 +67,11 @@ pub(crate) fn all(
     linear::check(&run, out);
     observe::told_right(&run, out);
     observe::kept_looking(&run, out);
-    cadence::renewed(&run, out);
+    renewal::renewed(&run, out);
     cadence::acquire_retries(&run, out);
-    violations
+    cadence::waiters(&run, out);
+    renewal::schedule(&run, out);
+    (violations, margin::of_losses(&run))
 }
 
 /// How far past the server's expiry a guard on a clock running at `rate`

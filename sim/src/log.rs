@@ -55,15 +55,24 @@ pub(crate) enum Event {
     StepEnded { client: usize },
     /// A force-release of `key` (breaks exclusion by design).
     Forced { client: usize, key: String },
-    /// An operation's outcome worth a line (errors, skips).
-    Note { client: usize, what: String },
-    /// A program finished; `unreleased` is what `shutdown` reported, and
+    /// An operation's outcome worth a line (errors, skips); for an
+    /// operation that failed, whether its error was transient (the
+    /// service's answer or its absence said "try again").
+    Note {
+        client: usize,
+        what: String,
+        transient: Option<bool>,
+    },
+    /// A program finished; `unreleased` is what `shutdown` reported,
     /// `live_then` the leases (key, fence) the server held at that moment,
-    /// read from the server directly.
+    /// read from the server directly, and `renewing` its client's
+    /// `active_renewals()` then.
     Done {
         client: usize,
         unreleased: Vec<String>,
         live_then: Vec<(String, i64)>,
+        /// `active_renewals()` then.
+        renewing: usize,
     },
     /// A release the program sent by hand (a plain lease, its own token)
     /// did not free `key`: the program knows, and the lease is its own

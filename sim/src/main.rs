@@ -76,6 +76,11 @@ fn parse() -> Result<Args, String> {
                     "leader-health-stuck" => Sabotage::LeaderHealthStuck,
                     "no-renewal" => Sabotage::NoRenewal,
                     "retry-on-409" => Sabotage::RetryOn409,
+                    "waiter-stops-trying" => Sabotage::WaiterStopsTrying,
+                    "waiter-spins" => Sabotage::WaiterSpins,
+                    "waiter-gives-up-on-error" => Sabotage::WaiterGivesUpOnError,
+                    "renews-in-a-tight-loop" => Sabotage::RenewsInATightLoop,
+                    "renews-too-late" => Sabotage::RenewsTooLate,
                     other => return Err(format!("unknown sabotage {other:?}")),
                 }
             }
@@ -120,6 +125,7 @@ fn main() -> ExitCode {
     let started = std::time::Instant::now();
     let (mut violations, mut faults, mut events, mut failed) = (0, 0, 0, Vec::new());
     let mut kinds = std::collections::BTreeMap::<String, usize>::new();
+    let mut margins = Vec::new();
     for seed in args.first..args.first.saturating_add(args.seeds) {
         let outcome = run(seed, &args.options);
         if args.each {
@@ -136,6 +142,7 @@ fn main() -> ExitCode {
             *kinds.entry(kind.clone()).or_default() += n;
         }
         events += outcome.events;
+        margins.extend_from_slice(&outcome.margins_ms);
         if let Some(path) = &args.trace {
             if let Err(err) = std::fs::write(path, &outcome.trace) {
                 eprintln!("could not write {path}: {err}");
@@ -170,6 +177,7 @@ fn main() -> ExitCode {
     );
     let kinds: Vec<String> = kinds.iter().map(|(k, n)| format!("{k} {n}")).collect();
     eprintln!("faults by kind: {}", kinds.join(", "));
+    eprintln!("{}", margin_line(&mut margins));
     println!(
         "sim: {} seeds, {violations} violations, {faults} faults, {events} events",
         args.seeds
@@ -179,6 +187,27 @@ fn main() -> ExitCode {
     } else {
         ExitCode::SUCCESS
     }
+}
+
+/// The belief margin's distribution: for every loss a guard found itself,
+/// how long before the server's expiry it said so.
+fn margin_line(margins: &mut [i64]) -> String {
+    margins.sort_unstable();
+    let at = |q: f64| {
+        let i = ((margins.len() - 1) as f64 * q).round() as usize;
+        format!("{:.2} s", margins[i] as f64 / 1000.0)
+    };
+    if margins.is_empty() {
+        return "belief margin: no loss".to_owned();
+    }
+    format!(
+        "belief margin over {} losses: p0 {}, p10 {}, p50 {}, p90 {}",
+        margins.len(),
+        at(0.0),
+        at(0.1),
+        at(0.5),
+        at(0.9)
+    )
 }
 
 /// FNV-1a, 64 bits: a stable fingerprint of a trace (the same bytes give

@@ -146,6 +146,7 @@ impl Program {
             client: self.id,
             unreleased,
             live_then,
+            renewing: client.active_renewals(),
         });
         Ok(())
     }

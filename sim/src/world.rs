@@ -6,7 +6,7 @@ use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use chrono::{DateTime, Utc};
-use volcano_mock_server::MockServer;
+use volcano_mock_server::{LockSnapshot, MockServer};
 
 use crate::check;
 use crate::log::Log;
@@ -99,20 +99,36 @@ impl World {
         clocks
     }
 
-    /// What the checks need from the server, once it has started; `now` is
-    /// the simulated time, `jumped` the server clock's jumps so far.
-    pub(crate) fn server_view(&self, now: Duration, jumped: Duration) -> Option<check::Server> {
+    /// The server's leases at simulated time `now` (its clock having
+    /// jumped by `jumped` so far), with its clock's reading then; `None`
+    /// before it started.
+    pub(crate) fn leases(
+        &self,
+        now: Duration,
+        jumped: Duration,
+    ) -> Option<(Vec<LockSnapshot>, DateTime<Utc>)> {
         let started = *lock(&self.started);
         let since =
             chrono::TimeDelta::from_std(now.saturating_sub(started) + jumped).unwrap_or_default();
+        lock(&self.server).as_ref().map(|mock| {
+            let mut locks = mock.locks();
+            locks.sort_by(|a, b| a.key.cmp(&b.key));
+            (locks, epoch() + since)
+        })
+    }
+
+    /// What the checks need from the server, once it has started, with
+    /// its leases when the programs ended (`at_end`, from
+    /// [`World::leases`]).
+    pub(crate) fn server_view(
+        &self,
+        (locks_at_end, now_at_end): (Vec<LockSnapshot>, DateTime<Utc>),
+    ) -> Option<check::Server> {
+        let started = *lock(&self.started);
         lock(&self.server).as_ref().map(|mock| check::Server {
             journal: mock.requests(),
-            locks_at_end: {
-                let mut locks = mock.locks();
-                locks.sort_by(|a, b| a.key.cmp(&b.key));
-                locks
-            },
-            now_at_end: epoch() + since,
+            locks_at_end,
+            now_at_end,
             epoch: epoch(),
             started,
             sent: lock(&self.senders).clone(),

@@ -56,6 +56,20 @@ fn first_found(sabotage: Sabotage) -> Option<(u64, String)> {
     })
 }
 
+/// The first seed at which a violation containing `needle` is found with
+/// `sabotage` planted, and that violation.
+fn first_with(sabotage: Sabotage, needle: &str) -> Option<(u64, String)> {
+    let options = Options {
+        sabotage,
+        ..Options::default()
+    };
+    (0..FIND_WITHIN).find_map(|seed| {
+        let outcome = run(seed, &options);
+        let found = outcome.violations.into_iter().find(|v| v.contains(needle));
+        found.map(|v| (seed, v))
+    })
+}
+
 #[test]
 fn finds_a_release_sent_before_the_guards_are_told() {
     let found = first_found(Sabotage::ReleaseBeforeMark);
@@ -233,4 +247,34 @@ fn finds_an_acquire_retried_after_a_409() {
         violation.contains("acquire retried after a 409"),
         "seed {seed}: {violation}"
     );
+}
+
+#[test]
+fn finds_a_waiter_that_never_tries_after_its_first_look() {
+    let found = first_with(Sabotage::WaiterStopsTrying, "stopped trying");
+    assert!(found.is_some(), "not found within {FIND_WITHIN} seeds");
+}
+
+#[test]
+fn finds_a_waiter_in_a_tight_loop() {
+    let found = first_with(Sabotage::WaiterSpins, "tight loop");
+    assert!(found.is_some(), "not found within {FIND_WITHIN} seeds");
+}
+
+#[test]
+fn finds_a_waiter_that_gives_up_at_its_first_error() {
+    let found = first_with(Sabotage::WaiterGivesUpOnError, "gave up early");
+    assert!(found.is_some(), "not found within {FIND_WITHIN} seeds");
+}
+
+#[test]
+fn finds_a_guard_renewing_in_a_tight_loop() {
+    let found = first_with(Sabotage::RenewsInATightLoop, "renewed too soon");
+    assert!(found.is_some(), "not found within {FIND_WITHIN} seeds");
+}
+
+#[test]
+fn finds_a_guard_renewing_too_late() {
+    let found = first_with(Sabotage::RenewsTooLate, "renewed too late");
+    assert!(found.is_some(), "not found within {FIND_WITHIN} seeds");
 }

@@ -1,7 +1,8 @@
-//! Checks that a lock *works*, not only that it never lies: a held lock
-//! is renewed, and an acquire is retried only as the protocol allows (once, at once, after a 503 or no answer; never after
-//! a 409). A lock that loses itself, or an acquire that hammers a held
-//! key, passes every safety check: these catch them.
+//! Checks that waiting for a lock *works*, not only that it never lies:
+//! an acquire is retried only as the protocol allows (once, at once,
+//! after a 503 or no answer; never after a 409), and a waiter keeps
+//! trying, never in a tight loop. An acquire that hammers a held key, or
+//! a waiter that stops, passes every safety check: these catch them.
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -9,7 +10,8 @@ use std::time::Duration;
 use volcano_mock_server::Operation;
 
 use super::run::Run;
-use crate::log::Event;
+use crate::log::{Event, Waiting};
+use crate::net::Attempt;
 
 /// An attempt sent this soon after the last one of its request was
 /// answered, and less than [`LEAST_PAUSE`] after it was sent, is a retry
@@ -20,79 +22,13 @@ const IMMEDIATE: Duration = Duration::from_millis(100);
 /// it at once.
 const LEAST_PAUSE: Duration = Duration::from_millis(180);
 
-/// How the belief ended, in words the log uses, for a loss that only
-/// failing renewals (or none sent) can cause.
-const LOST_BY_ITSELF: [&str; 3] = ["Expired", "RenewalFailed", "NoSafeWindow"];
-
-/// A held lock is renewed: a guard whose lease ended by itself (an expiry,
-/// failed renewals) after more than half its ttl, with no renewal of that
-/// lease ever sent, never tried to keep it, unless its host was suspended
-/// or its term stalled meanwhile (the lease clock jumped past the moment
-/// a renewal was due).
-pub(super) fn renewed(run: &Run<'_>, out: &mut Vec<String>) {
-    let attempts = &run.server.sent.attempts;
-    for b in &run.beliefs {
-        let ended = run.events.iter().find_map(|e| match &e.event {
-            Event::Ended {
-                client,
-                key,
-                fence,
-                why,
-            } if *client == b.client && *key == b.key && *fence == b.fence && e.at == b.to => {
-                Some(why.as_str())
-            }
-            _ => None,
-        });
-        let Some(why) = ended.filter(|why| LOST_BY_ITSELF.contains(why)) else {
-            continue;
-        };
-        // The lease: the acquire that was granted this fence.
-        let granted = attempts.iter().find(|a| {
-            a.client == b.client
-                && a.key == b.key
-                && a.operation == Operation::Acquire
-                && a.answer
-                    .as_ref()
-                    .is_some_and(|o| o.status == 201 && o.fence == Some(b.fence))
-        });
-        let Some((token, ttl)) = granted.and_then(|a| a.token.as_deref().zip(a.ttl_seconds)) else {
-            continue;
-        };
-        let ttl = Duration::from_secs(u64::try_from(ttl).unwrap_or_default());
-        if b.to.saturating_sub(b.from) <= ttl / 2 + Duration::from_secs(1) {
-            continue;
-        }
-        let renewal_sent = attempts.iter().any(|a| {
-            a.operation == Operation::Renew
-                && a.token.as_deref() == Some(token)
-                && a.sent >= b.from
-                && a.sent <= b.to
-        });
-        let host = format!("client-{}", b.client);
-        let jumped = run.events.iter().any(|e| {
-            e.at + Duration::from_secs(1) >= b.from
-                && e.at <= b.to
-                && matches!(&e.event, Event::Fault { what }
-                    if (what.starts_with("suspend of ") || what.starts_with("stall of "))
-                        && what.contains(&host))
-        });
-        if !renewal_sent && !jumped {
-            out.push(format!(
-                "never renewed: client {}'s guard on {} (fence {}, ttl {ttl:?}) held from {:?} \
-                 ended ({why}) at {:?} without a renewal ever sent",
-                b.client, b.key, b.fence, b.from, b.to
-            ));
-        }
-    }
-}
-
 /// The protocol's single retry of an acquire: an attempt that follows the
 /// last of its request at once (a retry: not prompted by a look at the
 /// holder or by its own client's release of the key between) follows a
 /// 503 or no answer, and is never itself retried.
 pub(super) fn acquire_retries(run: &Run<'_>, out: &mut Vec<String>) {
     // The previous attempt of each request id, and whether it was a retry.
-    let mut last: BTreeMap<&str, (&crate::net::Attempt, bool)> = BTreeMap::new();
+    let mut last: BTreeMap<&str, (&Attempt, bool)> = BTreeMap::new();
     // When each client last looked at each key (`get`) or released it.
     let mut looked: BTreeMap<(usize, &str), Duration> = BTreeMap::new();
     for a in &run.server.sent.attempts {
@@ -144,5 +80,116 @@ pub(super) fn acquire_retries(run: &Run<'_>, out: &mut Vec<String>) {
             None => false,
         };
         last.insert(a.request_id.as_str(), (a, retry));
+    }
+}
+
+/// How much later than its pause allows a waiter's next request may go
+/// out: a tick or two of the simulation, and the answer's processing.
+const PAUSE_SLACK: Duration = Duration::from_millis(150);
+
+/// A waiting acquire keeps trying, and never in a tight loop. While it
+/// waits (until its deadline, or until it is granted the key, fails or
+/// is dropped), no request of its follows the previous answer by more
+/// than its poll interval (+10 %: a waiter refused with 429 polls at its
+/// interval ±10 %), unless that answer was one to pause on (a 429, a 5xx)
+/// or none came; and after a look that found the key held it never tries
+/// again sooner than its least pause (it would then be polling as fast as
+/// the network answers). A waiter that stops trying after its first look,
+/// or spins, passes every safety check: this catches both.
+pub(super) fn waiters(run: &Run<'_>, out: &mut Vec<String>) {
+    let events = run.events;
+    for (i, e) in events.iter().enumerate() {
+        let Event::Waits {
+            client,
+            key,
+            until,
+            how: Waiting::Acquire,
+            poll,
+        } = &e.event
+        else {
+            continue;
+        };
+        // The wait ends with its operation's first outcome, or its deadline.
+        let ended = events[i + 1..].iter().find(|later| match &later.event {
+            Event::Believes { client: c, .. }
+            | Event::Leased { client: c, .. }
+            | Event::Note { client: c, .. }
+            | Event::StepEnded { client: c }
+            | Event::Crashed { client: c } => c == client,
+            _ => false,
+        });
+        let mut end = ended.map_or(*until, |ended| ended.at.min(*until));
+        let allowed = poll.mul_f64(1.1) + PAUSE_SLACK;
+        // When the waiter last heard an answer it does not pause on
+        // (`None`: one it may pause on for longer, or none), and whether
+        // that was a look that found the key held.
+        let mut heard = Some(e.at);
+        let mut held_seen = false;
+        let attempts = &run.server.sent.attempts;
+        let ours = |a: &&Attempt| a.client == *client && a.key == *key && a.sent >= e.at;
+        // Its tries share one request id; its looks are gets.
+        let Some(first) = attempts
+            .iter()
+            .filter(ours)
+            .find(|a| a.operation == Operation::Acquire)
+        else {
+            continue;
+        };
+        let sent = attempts
+            .iter()
+            .filter(ours)
+            .filter(|a| a.request_id == first.request_id || a.operation == Operation::Get);
+        // Its client's releases of the key, by when they were answered:
+        // one that freed the key lets the waiter try at once.
+        let freed_between = |from: Duration, to: Duration| {
+            attempts.iter().any(|r| {
+                r.client == *client
+                    && r.key == *key
+                    && r.operation == Operation::Release
+                    && r.answer
+                        .as_ref()
+                        .is_some_and(|o| o.status == 204 && o.at >= from && o.at <= to)
+            })
+        };
+        let mut previous_sent = e.at;
+        for a in sent {
+            if a.sent >= end {
+                break;
+            }
+            if let Some(heard) = heard.filter(|h| a.sent > *h + allowed) {
+                out.push(format!(
+                    "stopped trying: client {client}'s wait for {key} (poll {poll:?}) sent \
+                     nothing from {heard:?} to {:?}",
+                    a.sent
+                ));
+            }
+            if let Some(heard) = heard.filter(|h| held_seen && a.sent < *h + LEAST_PAUSE) {
+                if a.operation == Operation::Acquire && !freed_between(previous_sent, a.sent) {
+                    out.push(format!(
+                        "tight loop: client {client}'s wait for {key} tried again {:?} after \
+                         a look found the key held (at {:?})",
+                        a.sent - heard,
+                        a.sent
+                    ));
+                }
+            }
+            previous_sent = a.sent;
+            let answer = a.answer.as_ref();
+            held_seen = a.operation == Operation::Get
+                && answer.is_some_and(|o| o.status == 200 && o.fence.is_some());
+            heard = answer
+                .filter(|o| matches!(o.status, 200 | 201 | 204 | 404 | 409))
+                .map(|o| o.at);
+            if let Some(granted) = answer.filter(|o| o.status == 201) {
+                end = end.min(granted.at);
+                heard = None;
+            }
+        }
+        if let Some(heard) = heard.filter(|h| end > *h + allowed) {
+            out.push(format!(
+                "stopped trying: client {client}'s wait for {key} (poll {poll:?}) sent nothing \
+                 from {heard:?} to its end at {end:?}"
+            ));
+        }
     }
 }

@@ -1,5 +1,6 @@
 //! Deadlines: an operation that waits for a held key keeps its deadline,
-//! neither giving up before it nor trying after it.
+//! neither giving up before it (on any error that says "try again") nor
+//! trying after it.
 
 use std::time::Duration;
 
@@ -9,8 +10,9 @@ use super::run::Run;
 use crate::log::{Event, Waiting};
 
 /// A wait keeps its deadline: an operation that waits for a key never
-/// reports the key held before its deadline, and never starts a try after
-/// it (the tries of one waiting acquire share its request id).
+/// fails before its deadline with an error that says "try again" (the
+/// key held, a 429, a 5xx, no answer), and never starts a try after it
+/// (the tries of one waiting acquire share its request id).
 pub(super) fn waits(run: &Run<'_>, out: &mut Vec<String>) {
     let events = run.events;
     for (i, e) in events.iter().enumerate() {
@@ -34,14 +36,25 @@ pub(super) fn waits(run: &Run<'_>, out: &mut Vec<String>) {
             | Event::StepEnded { client: c } => c == client,
             _ => false,
         });
-        let held = ended.filter(|ended| {
-            matches!(&ended.event, Event::Note { what, .. } if what.contains("(HTTP 409 lock_held"))
+        // Failed with an error that says "try again" (the key held, a
+        // 429, a 5xx, no answer) before the deadline: it gave up early.
+        let gave_up = ended.filter(|ended| {
+            matches!(
+                &ended.event,
+                Event::Note {
+                    transient: Some(true),
+                    ..
+                }
+            )
         });
-        if let Some(held) = held.filter(|held| held.at < *until) {
+        if let Some(gave_up) = gave_up.filter(|e| e.at < *until) {
+            let Event::Note { what, .. } = &gave_up.event else {
+                continue;
+            };
             out.push(format!(
-                "gave up early: client {client}'s wait for {key} until {until:?} reported the key \
-                 held at {:?}",
-                held.at
+                "gave up early: client {client}'s wait for {key} until {until:?} failed at {:?}: \
+                 {what}",
+                gave_up.at
             ));
         }
         // The waiting acquire of this operation (a set's keys are

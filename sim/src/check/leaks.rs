@@ -120,25 +120,138 @@ pub(super) fn undone(run: &Run<'_>, out: &mut Vec<String>) {
     }
 }
 
-/// After every program's `shutdown`, and long enough for a crashed one's
-/// leases to expire, nothing is held but what `shutdown` reported.
+/// When the programs ended (the last `shutdown` returned, or the last
+/// live program crashed), before any lease could expire: every lease the
+/// server still holds belongs to a crashed client, or to one whose
+/// `shutdown` named its key, or one its program manages by hand (a plain
+/// lease, a release it sent itself that failed). And no client's
+/// `shutdown` left a renewal running.
 pub(super) fn at_end(run: &Run<'_>, out: &mut Vec<String>) {
     let (events, server) = (run.events, run.server);
-    let reported: BTreeSet<&str> = events
-        .iter()
-        .flat_map(|e| match &e.event {
-            Event::Done { unreleased, .. } => unreleased.iter().map(String::as_str).collect(),
-            _ => Vec::new(),
-        })
-        .collect();
-    for lock in &server.locks_at_end {
-        let live = lock.expires_at > server.now_at_end;
-        if live && !reported.contains(lock.key.as_str()) {
-            out.push(format!(
-                "leaked lease: {} (fence {}) is held after every program shut down",
-                lock.key, lock.fencing_token
-            ));
+    let owners = Owners::new(run);
+    let mut crashed: BTreeSet<usize> = BTreeSet::new();
+    let mut reported: BTreeSet<(usize, &str)> = BTreeSet::new();
+    for e in events {
+        match &e.event {
+            Event::Crashed { client } => {
+                crashed.insert(*client);
+            }
+            Event::Done {
+                client,
+                unreleased,
+                renewing,
+                ..
+            } => {
+                reported.extend(unreleased.iter().map(|k| (*client, k.as_str())));
+                if *renewing != 0 {
+                    out.push(format!(
+                        "still renewing: client {client}'s shutdown returned with {renewing} \
+                         renewals running"
+                    ));
+                }
+            }
+            _ => {}
         }
+    }
+    for lock in &server.locks_at_end {
+        if lock.expires_at <= server.now_at_end {
+            continue;
+        }
+        let (key, fence) = (lock.key.as_str(), lock.fencing_token);
+        let Some(&(owner, _)) = owners.granted.get(&(key, fence)) else {
+            out.push(format!(
+                "leaked lease: {key} (fence {fence}) is held at the end, granted to no client"
+            ));
+            continue;
+        };
+        if crashed.contains(&owner)
+            || reported.contains(&(owner, key))
+            || owners.by_hand(owner, key, fence)
+        {
+            continue;
+        }
+        out.push(format!(
+            "leaked lease: {key} (fence {fence}) is held at the end (until {}), granted to \
+             client {owner}, whose shutdown did not name it",
+            lock.expires_at
+        ));
+    }
+}
+
+/// Who was granted each lease, and which leases the programs manage by
+/// hand.
+struct Owners<'a> {
+    /// The client each granted fence went to, and when (sim time).
+    granted: BTreeMap<(&'a str, i64), (usize, Duration)>,
+    /// Leases the programs manage by hand and failed to release: by fence,
+    /// or (own tokens) every lease of the key granted before the failure.
+    kept_fences: BTreeSet<(usize, &'a str, i64)>,
+    kept_until: BTreeMap<(usize, &'a str), Duration>,
+    /// Plain leases (an acquire, not a guard).
+    plain: BTreeSet<(usize, &'a str, i64)>,
+}
+
+impl<'a> Owners<'a> {
+    fn new(run: &Run<'a>) -> Owners<'a> {
+        let (events, server) = (run.events, run.server);
+        let mut granted = BTreeMap::new();
+        for r in &server.journal {
+            let (Operation::Acquire, Some(201), Some(fence)) =
+                (r.operation, r.status, r.fencing_token)
+            else {
+                continue;
+            };
+            let sender = r
+                .request_id
+                .as_ref()
+                .and_then(|id| server.sent.by_id.get(id));
+            if let Some((client, _)) = sender {
+                granted
+                    .entry((r.key.as_str(), fence))
+                    .or_insert((*client, run.sim_time(r.at)));
+            }
+        }
+        let mut owners = Owners {
+            granted,
+            kept_fences: BTreeSet::new(),
+            kept_until: BTreeMap::new(),
+            plain: BTreeSet::new(),
+        };
+        for e in events {
+            match &e.event {
+                Event::Kept {
+                    client,
+                    key,
+                    fence: Some(fence),
+                } => {
+                    owners.kept_fences.insert((*client, key.as_str(), *fence));
+                }
+                Event::Kept {
+                    client,
+                    key,
+                    fence: None,
+                } => {
+                    owners.kept_until.insert((*client, key.as_str()), e.at);
+                }
+                Event::Leased { client, key, fence } => {
+                    owners.plain.insert((*client, key.as_str(), *fence));
+                }
+                _ => {}
+            }
+        }
+        owners
+    }
+
+    /// Whether `client` manages the lease `key`/`fence` by hand.
+    fn by_hand(&self, client: usize, key: &str, fence: i64) -> bool {
+        let granted_at = self.granted.get(&(key, fence)).map(|&(_, at)| at);
+        self.kept_fences.contains(&(client, key, fence))
+            || self.plain.contains(&(client, key, fence))
+            || self
+                .kept_until
+                .get(&(client, key))
+                .zip(granted_at)
+                .is_some_and(|(kept, at)| at <= *kept)
     }
 }
 
@@ -148,70 +261,25 @@ pub(super) fn at_end(run: &Run<'_>, out: &mut Vec<String>) {
 /// release the SDK let go of that did not free the lease (refused with
 /// `401`/`403`, given up) is never silently dropped.
 pub(super) fn reported_at_shutdown(run: &Run<'_>, out: &mut Vec<String>) {
-    let (events, server) = (run.events, run.server);
-    // Which client each granted fence went to, and when (sim time).
-    let mut granted: BTreeMap<(&str, i64), (usize, Duration)> = BTreeMap::new();
-    for r in &server.journal {
-        let (Operation::Acquire, Some(201), Some(fence)) = (r.operation, r.status, r.fencing_token)
-        else {
-            continue;
-        };
-        let sender = r
-            .request_id
-            .as_ref()
-            .and_then(|id| server.sent.by_id.get(id));
-        if let Some((client, _)) = sender {
-            granted
-                .entry((r.key.as_str(), fence))
-                .or_insert((*client, run.sim_time(r.at)));
-        }
-    }
-    // Leases the programs manage by hand and failed to release: by fence,
-    // or (own tokens) every lease of the key granted before the failure.
-    let mut kept_fences: BTreeSet<(usize, &str, i64)> = BTreeSet::new();
-    let mut kept_until: BTreeMap<(usize, &str), Duration> = BTreeMap::new();
-    let mut plain: BTreeSet<(usize, &str, i64)> = BTreeSet::new();
-    for e in events {
-        match &e.event {
-            Event::Kept {
-                client,
-                key,
-                fence: Some(fence),
-            } => {
-                kept_fences.insert((*client, key.as_str(), *fence));
-            }
-            Event::Kept {
-                client,
-                key,
-                fence: None,
-            } => {
-                kept_until.insert((*client, key.as_str()), e.at);
-            }
-            Event::Leased { client, key, fence } => {
-                plain.insert((*client, key.as_str(), *fence));
-            }
-            _ => {}
-        }
-    }
-    for e in events {
+    let owners = Owners::new(run);
+    for e in run.events {
         let Event::Done {
             client,
             unreleased,
             live_then,
+            ..
         } = &e.event
         else {
             continue;
         };
         for (key, fence) in live_then {
-            let Some(&(owner, at)) = granted.get(&(key.as_str(), *fence)) else {
+            let Some(&(owner, _)) = owners.granted.get(&(key.as_str(), *fence)) else {
                 continue;
             };
-            let by_hand = kept_fences.contains(&(*client, key.as_str(), *fence))
-                || plain.contains(&(*client, key.as_str(), *fence))
-                || kept_until
-                    .get(&(*client, key.as_str()))
-                    .is_some_and(|kept| at <= *kept);
-            if owner == *client && !unreleased.contains(key) && !by_hand {
+            if owner == *client
+                && !unreleased.contains(key)
+                && !owners.by_hand(*client, key, *fence)
+            {
                 out.push(format!(
                     "unreported lease: client {client}'s shutdown returned while the server \
                      still held {key} (fence {fence}) for it, and did not name the key"

@@ -36,18 +36,34 @@ pub(super) fn after_crash(run: &Run<'_>, out: &mut Vec<String>) {
             let Some(expired) = expiry(run, &b.key, b.fence) else {
                 continue;
             };
-            let bound = expired + BOUND_AFTER_EXPIRY;
+            let base = expired + BOUND_AFTER_EXPIRY;
+            let Some(waiter) = waiter(events, &b.key, crashed, expired, base) else {
+                continue;
+            };
+            // The waiter's own round trips (its link may have been slowed
+            // before the crash): a try in flight, a look, the try that
+            // takes it. Not judged if one went unanswered or paused it.
+            let horizon = base + Duration::from_secs(1);
+            let Some(round_trip) = longest_round_trip(run.server, waiter, at, horizon) else {
+                continue;
+            };
+            let bound = base + round_trip * 3;
+            // Judged on the stretch after the crash: the crash itself is
+            // what is judged, and faults of other hosts do not reach the
+            // waiter. The server's own faults reach everyone.
             let disturbed = events.iter().any(|e| {
                 e.at >= at
                     && e.at <= bound
-                    && matches!(e.event, Event::Fault { .. } | Event::Crashed { .. })
+                    && match &e.event {
+                        Event::Fault { what } => !what.contains("client-") || touches(what, waiter),
+                        Event::Crashed { client } => *client == waiter,
+                        _ => false,
+                    }
             });
-            if disturbed || run.breaks.any(&b.key, at, bound) {
+            let still_waiting = self::waiter(events, &b.key, crashed, expired, bound).is_some();
+            if disturbed || !still_waiting || run.breaks.any(&b.key, at, bound) {
                 continue;
             }
-            let Some(waiter) = waiter(events, &b.key, crashed, expired, bound) else {
-                continue;
-            };
             let taken = events.iter().any(|e| {
                 e.at >= at
                     && e.at <= bound
@@ -83,8 +99,17 @@ fn expiry(run: &Run<'_>, key: &str, fence: i64) -> Option<Duration> {
         .map(|e| run.sim_time(e))
 }
 
-/// A program other than `crashed` whose wait for `key` began before
-/// `expired` and lasts past `bound`, with its operation still running then.
+/// Whether the fault described by `what` names `client`'s host.
+pub(super) fn touches(what: &str, client: usize) -> bool {
+    let host = crate::client_name(client);
+    what.split(|c: char| !(c.is_ascii_alphanumeric() || c == '-'))
+        .any(|word| word == host)
+}
+
+/// A program other than `crashed` whose wait for `key` (a waiting acquire
+/// or a leader's campaign: a set waits for its keys one by one) began
+/// before `expired` and lasts past `bound`, with its operation still
+/// running then.
 fn waiter(
     events: &[Stamped],
     key: &str,
@@ -94,9 +119,13 @@ fn waiter(
 ) -> Option<usize> {
     events.iter().enumerate().find_map(|(i, e)| match &e.event {
         Event::Waits {
-            client, key: k, until, ..
+            client, key: k, until, how, ..
         }
-            if *client != crashed && k == key && e.at <= expired && *until >= bound =>
+            if *client != crashed
+                && k == key
+                && *how != Waiting::Set
+                && e.at <= expired
+                && *until >= bound =>
         {
             let ended_early = events[i + 1..].iter().any(|later| {
                 later.at <= bound

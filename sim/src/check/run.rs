@@ -46,6 +46,8 @@ pub(super) struct Run<'a> {
     /// How far past the server's expiry a guard may say its lease lasts
     /// because its host's clock runs slow (zero for an exact clock).
     pub(super) drift_slack: Duration,
+    /// The rate the client hosts' clocks run at (1 for an exact clock).
+    pub(super) clock_rate: f64,
 }
 
 impl<'a> Run<'a> {
@@ -72,6 +74,7 @@ impl<'a> Run<'a> {
             breaks,
             beliefs,
             drift_slack: Duration::ZERO,
+            clock_rate: 1.0,
         }
     }
 

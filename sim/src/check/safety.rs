@@ -169,7 +169,7 @@ pub(super) fn no_write_after_loss(run: &Run<'_>, out: &mut Vec<String>) {
 
 /// When the server granted `key` to the lease with `fence` (the first
 /// time: a re-acquire with the same token keeps it).
-fn granted_at(grants: &[Grant], key: &str, fence: i64) -> Option<Duration> {
+pub(super) fn granted_at(grants: &[Grant], key: &str, fence: i64) -> Option<Duration> {
     grants
         .iter()
         .find(|g| g.key == key && g.fence == fence)
@@ -178,7 +178,7 @@ fn granted_at(grants: &[Grant], key: &str, fence: i64) -> Option<Duration> {
 
 /// The latest expiry the server granted or renewed the lease `key`/`fence`
 /// to, among the grants applied at a sim time `applied` accepts.
-fn expiry_granted(
+pub(super) fn expiry_granted(
     run: &Run<'_>,
     key: &str,
     fence: i64,

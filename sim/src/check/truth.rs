@@ -48,7 +48,7 @@ pub(super) fn releases(run: &Run<'_>, out: &mut Vec<String>) {
         let told = run.events.iter().find(|e| {
             e.at >= at
                 && arrived_at.contains(&e.at)
-                && matches!(&e.event, Event::Note { client: c, what }
+                && matches!(&e.event, Event::Note { client: c, what, .. }
                     if *c == client
                         && [
                             format!("release of {}: lock conflict", refused.key),

@@ -64,6 +64,16 @@ impl Ctx {
         self.log.push(Event::Note {
             client: self.id,
             what: what.into(),
+            transient: None,
+        });
+    }
+
+    /// Logs that the operation `what` failed with `err`.
+    pub(super) fn failed(&self, what: &str, err: &Error) {
+        self.log.push(Event::Note {
+            client: self.id,
+            what: format!("{what}: {err}"),
+            transient: Some(err.is_transient()),
         });
     }
 

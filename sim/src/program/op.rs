@@ -138,9 +138,15 @@ pub(super) fn one_in(coin: u64, n: u64) -> bool {
     coin % n == 0
 }
 
-/// How long an operation that waits for a held key waits: up to 20 s.
+/// How long an operation that waits for a held key waits: up to 20 s,
+/// or (one time in four, as a standby does) 30 s to a minute, long
+/// enough to see a crashed holder's lease expire.
 pub(super) fn wait_for(coin: u64) -> Duration {
-    Duration::from_millis(coin % 20_000)
+    if (coin >> 58) % 4 == 0 {
+        Duration::from_millis(30_000 + (coin >> 30) % 30_000)
+    } else {
+        Duration::from_millis(coin % 20_000)
+    }
 }
 
 /// A cap on a hold (`max_hold`): from 1 s to 10 s.
@@ -216,7 +222,8 @@ mod tests {
     /// How each operation waits, as the integer codes said.
     #[test]
     fn waits_keep_the_old_codes() {
-        let (coin, work) = (12_345, Duration::from_millis(700));
+        // Top bits that pick the usual wait (not a standby's long one).
+        let (coin, work) = (12_345 | 1 << 58, Duration::from_millis(700));
         let waits: Vec<_> = (0..DRAWS)
             .map(|draw| Op::pick(draw).waits(coin, work))
             .collect();
@@ -251,5 +258,15 @@ mod tests {
             };
             assert_eq!(how, expected, "draw {draw}");
         }
+    }
+
+    #[test]
+    fn one_wait_in_four_is_long() {
+        let long = (0..4u64)
+            .map(|top| wait_for(12_345 | top << 58))
+            .filter(|wait| *wait >= Duration::from_secs(30))
+            .count();
+        assert_eq!(long, 1);
+        assert!(wait_for(0) <= Duration::from_secs(60));
     }
 }

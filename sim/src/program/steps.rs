@@ -89,7 +89,7 @@ impl Ctx {
     ) {
         match self.shaped_hold(key, ttl, wait, coin).await {
             Ok(held) => self.use_held(held, work, coin).await,
-            Err(err) => self.note(format!("hold {key}: {err}")),
+            Err(err) => self.failed(&format!("hold {key}"), &err),
         }
     }
 
@@ -102,7 +102,7 @@ impl Ctx {
         });
         match scope.wait(wait).poll_interval(poll_for(coin)).await {
             Ok(ended) => ended.await,
-            Err(err) => self.note(format!("with_lock {key}: {err}")),
+            Err(err) => self.failed(&format!("with_lock {key}"), &err),
         }
     }
 
@@ -157,7 +157,7 @@ impl Ctx {
         });
         match scope.wait(wait).poll_interval(poll_for(coin)).await {
             Ok(ended) => futures_all(ended).await,
-            Err(err) => self.note(format!("with_locks: {err}")),
+            Err(err) => self.failed("with_locks", &err),
         }
     }
 
@@ -262,7 +262,7 @@ impl Ctx {
         }
         let held = match hold.await {
             Ok(held) => held,
-            Err(err) => return self.note(format!("hold_all: {err}")),
+            Err(err) => return self.failed("hold_all", &err),
         };
         let set = held.set();
         let guards: Vec<LockGuard> = set.keys().filter_map(|k| set.guard(k)).cloned().collect();
@@ -288,7 +288,7 @@ impl Ctx {
         match hold.poll_interval(poll_for(coin)).await {
             Ok(held) => self.use_held(held, work, coin).await,
             Err(err) => {
-                self.note(format!("hold {key} with own token: {err}"));
+                self.failed(&format!("hold {key} with own token"), &err);
                 self.recover_own(key, token, ttl).await;
             }
         }
@@ -316,7 +316,7 @@ impl Ctx {
         let acquire = locks.acquire(key, ttl).wait(wait);
         let lease = match acquire.poll_interval(poll_for(coin)).await {
             Ok(lease) => lease,
-            Err(err) => return self.note(format!("acquire {key}: {err}")),
+            Err(err) => return self.failed(&format!("acquire {key}"), &err),
         };
         self.log.push(Event::Leased {
             client: self.id,

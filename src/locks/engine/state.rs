@@ -272,6 +272,14 @@ impl State {
     }
 
     pub(crate) fn next_delay(&self) -> Duration {
+        if sabotaged!(RenewsInATightLoop) {
+            return Duration::ZERO;
+        }
+        if sabotaged!(RenewsTooLate) {
+            return self
+                .remaining()
+                .saturating_sub(Duration::from_millis(1_500));
+        }
         renewal_delay(self.ttl, self.remaining(), crate::random::unit())
     }
 

@@ -211,6 +211,9 @@ impl Waiter {
     /// Decides what follows a failed try.
     pub(crate) fn after(&mut self, err: Error) -> Step {
         let looked = std::mem::take(&mut self.looked);
+        if sabotaged!(WaiterGivesUpOnError) && !matches!(err, Error::Conflict(_)) {
+            return Step::Stop(err);
+        }
         let step = match &err {
             Error::Conflict(_) => {
                 // The lock is someone else's (or our lapsed lease's): no
@@ -260,6 +263,9 @@ impl Waiter {
     /// wait: the tries decide).
     pub(crate) fn looked(&mut self, state: Result<Holder, Error>) -> Step {
         self.looked = true;
+        if sabotaged!(WaiterStopsTrying) {
+            return self.step((self.remaining(), Then::Acquire));
+        }
         let step = match state {
             Ok(Holder {
                 held,
@@ -380,6 +386,9 @@ impl Waiter {
     /// together would otherwise spend most of the project's quota in its
     /// first minute. So does a waiter that was refused with 429.
     fn ramp(&self) -> Duration {
+        if sabotaged!(WaiterSpins) {
+            return Duration::from_millis(20);
+        }
         let u = crate::random::unit();
         match self.deadline {
             Some(_) if !self.throttled && !sabotaged!(NoRamp) => {

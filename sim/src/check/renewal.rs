@@ -1,0 +1,207 @@
+//! Checks that a held lock is renewed on its schedule: renewed at all
+//! (a guard that never sends a renewal loses its lock by itself), never
+//! in a tight loop, never too late to be safe. Judged from what the
+//! clients sent: a lock that loses itself, or a guard that hammers the
+//! service, passes every safety check.
+
+use std::collections::BTreeSet;
+use std::time::Duration;
+
+use volcano_mock_server::Operation;
+
+use super::run::Run;
+use crate::log::Event;
+use crate::net::Attempt;
+
+/// How the belief ended, in words the log uses, for a loss that only
+/// failing renewals (or none sent) can cause.
+const LOST_BY_ITSELF: [&str; 3] = ["Expired", "RenewalFailed", "NoSafeWindow"];
+
+/// A held lock is renewed: a guard whose lease ended by itself (an expiry,
+/// failed renewals) after more than half its ttl, with no renewal of that
+/// lease ever sent, never tried to keep it, unless its host was suspended
+/// or its term stalled meanwhile (the lease clock jumped past the moment
+/// a renewal was due).
+pub(super) fn renewed(run: &Run<'_>, out: &mut Vec<String>) {
+    let attempts = &run.server.sent.attempts;
+    for b in &run.beliefs {
+        let ended = run.events.iter().find_map(|e| match &e.event {
+            Event::Ended {
+                client,
+                key,
+                fence,
+                why,
+            } if *client == b.client && *key == b.key && *fence == b.fence && e.at == b.to => {
+                Some(why.as_str())
+            }
+            _ => None,
+        });
+        let Some(why) = ended.filter(|why| LOST_BY_ITSELF.contains(why)) else {
+            continue;
+        };
+        // The lease: the acquire that was granted this fence.
+        let granted = attempts.iter().find(|a| {
+            a.client == b.client
+                && a.key == b.key
+                && a.operation == Operation::Acquire
+                && a.answer
+                    .as_ref()
+                    .is_some_and(|o| o.status == 201 && o.fence == Some(b.fence))
+        });
+        let Some((token, ttl)) = granted.and_then(|a| a.token.as_deref().zip(a.ttl_seconds)) else {
+            continue;
+        };
+        let ttl = Duration::from_secs(u64::try_from(ttl).unwrap_or_default());
+        if b.to.saturating_sub(b.from) <= ttl / 2 + Duration::from_secs(1) {
+            continue;
+        }
+        let renewal_sent = attempts.iter().any(|a| {
+            a.operation == Operation::Renew
+                && a.token.as_deref() == Some(token)
+                && a.sent >= b.from
+                && a.sent <= b.to
+        });
+        let host = format!("client-{}", b.client);
+        let jumped = run.events.iter().any(|e| {
+            e.at + Duration::from_secs(1) >= b.from
+                && e.at <= b.to
+                && matches!(&e.event, Event::Fault { what }
+                    if (what.starts_with("suspend of ") || what.starts_with("stall of "))
+                        && what.contains(&host))
+        });
+        if !renewal_sent && !jumped {
+            out.push(format!(
+                "never renewed: client {}'s guard on {} (fence {}, ttl {ttl:?}) held from {:?} \
+                 ended ({why}) at {:?} without a renewal ever sent",
+                b.client, b.key, b.fence, b.from, b.to
+            ));
+        }
+    }
+}
+
+/// The longest a single retry can follow its first attempt: a request
+/// timeout (the simulation's 10 s), and a tick.
+const RETRY_WITHIN: Duration = Duration::from_millis(10_100);
+/// Leeway on the renewal schedule: a tick or two of the simulation.
+const SCHEDULE_SLACK: Duration = Duration::from_millis(60);
+
+/// A guard renews on its schedule: each renewal of a lease starts no
+/// sooner than a third of the ttl (jittered down by a tenth) after the
+/// previous one's answer, unless less time than that was left before its
+/// deadline (then up to 3 s before it: 2 s, and a second for the whole
+/// seconds of the `Date` the guard reads the grant on), and no later than 2 s before the
+/// deadline the previous one set (its send time plus the ttl), or at
+/// once if that answer came later, so that it still reaches the server
+/// with more than the protocol's last second left. A guard renewing in a tight loop, or too late to be safe, passes
+/// every safety check: this catches both. A suspend or stall of the
+/// host moves the lease clock on, and a renewal earlier: not judged then.
+pub(super) fn schedule(run: &Run<'_>, out: &mut Vec<String>) {
+    let attempts = &run.server.sent.attempts;
+    let plain: BTreeSet<(usize, &str, i64)> = run
+        .events
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::Leased { client, key, fence } => Some((*client, key.as_str(), *fence)),
+            _ => None,
+        })
+        .collect();
+    for (i, grant) in attempts.iter().enumerate() {
+        let Some(answer) = grant.answer.as_ref().filter(|o| o.status == 201) else {
+            continue;
+        };
+        let (Some(fence), Some(token), Some(ttl)) = (answer.fence, &grant.token, grant.ttl_seconds)
+        else {
+            continue;
+        };
+        if grant.operation != Operation::Acquire
+            || plain.contains(&(grant.client, grant.key.as_str(), fence))
+        {
+            continue;
+        }
+        let ttl = Duration::from_secs(u64::try_from(ttl).unwrap_or_default());
+        // Its renewals, up to the next grant under the same token.
+        let mut renewals: Vec<&Attempt> = Vec::new();
+        for a in &attempts[i + 1..] {
+            if a.token.as_ref() != Some(token) {
+                continue;
+            }
+            if a.operation == Operation::Acquire {
+                break;
+            }
+            if a.operation == Operation::Renew
+                && !renewals.iter().any(|r| r.request_id == a.request_id)
+            {
+                renewals.push(a);
+            }
+        }
+        // A lease is timed from the first attempt of the try that got it:
+        // the grant may answer a single retry, sent after a 503 or no
+        // answer. Which it was, the attempts do not say: the soonest
+        // bound reads the earlier, the latest bound the later.
+        let retried = attempts[..i]
+            .iter()
+            .rev()
+            .find(|a| a.request_id == grant.request_id);
+        let first_sent = retried
+            .filter(|a| a.answer.as_ref().is_none_or(|o| o.status == 503))
+            .filter(|a| grant.sent <= a.sent + RETRY_WITHIN)
+            .map_or(grant.sent, |a| a.sent);
+        // The lease as last measured: the earliest and latest its timing
+        // may start from, and when its answer came.
+        let (mut earliest, mut sent, mut heard) = (first_sent, grant.sent, answer.at);
+        for first in renewals {
+            let suspended = run.events.iter().any(|e| {
+                e.at >= earliest
+                    && e.at <= first.sent
+                    && matches!(&e.event, Event::Fault { what }
+                        if (what.starts_with("suspend of ") || what.starts_with("stall of "))
+                            && super::recovery::touches(what, grant.client))
+            });
+            let deadline = sent + ttl;
+            let left = (earliest + ttl).saturating_sub(heard);
+            // The guard times its lease from what the server granted,
+            // read on a `Date` of whole seconds: up to a second less.
+            let soonest = (ttl / 3)
+                .min(left.saturating_sub(Duration::from_secs(3)))
+                .mul_f64(0.9)
+                .saturating_sub(SCHEDULE_SLACK);
+            let latest = (deadline.saturating_sub(Duration::from_secs(2)))
+                .saturating_sub(sent)
+                .div_f64(run.clock_rate.min(1.0))
+                + sent;
+            // Not before the answer it follows, though: a slow answer
+            // leaves nothing to wait for.
+            let latest = latest.max(heard) + SCHEDULE_SLACK;
+            if !suspended && first.sent < heard + soonest {
+                out.push(format!(
+                    "renewed too soon: client {}'s guard on {} (fence {fence}, ttl {ttl:?}) \
+                     renewed {:?} after the last answer, at {:?}",
+                    grant.client,
+                    grant.key,
+                    first.sent - heard,
+                    first.sent
+                ));
+            }
+            if first.sent > latest {
+                out.push(format!(
+                    "renewed too late: client {}'s guard on {} (fence {fence}, ttl {ttl:?}) \
+                     sent its renewal at {:?}, {:?} before the deadline the last one set",
+                    grant.client,
+                    grant.key,
+                    first.sent,
+                    deadline.saturating_sub(first.sent)
+                ));
+            }
+            // The renewal's attempt that the server answered 200 sets the
+            // next deadline; without one, the lease's life ends here.
+            let renewed = attempts.iter().find(|a| {
+                a.request_id == first.request_id
+                    && a.answer.as_ref().is_some_and(|o| o.status == 200)
+            });
+            match renewed.and_then(|a| a.answer.as_ref().map(|o| (a.sent, o.at))) {
+                Some((s, h)) => (earliest, sent, heard) = (first.sent, s, h),
+                None => break,
+            }
+        }
+    }
+}
