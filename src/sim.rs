@@ -102,6 +102,9 @@ pub enum Sabotage {
     /// A guard renews 1.5 s before its local deadline, leaving a slow
     /// answer no room before the protocol's last second.
     RenewsTooLate,
+    /// A renewal refused with 409 is retried as if the failure were
+    /// transient: the guard believes until its deadline.
+    RenewalRetriesConflict,
 }
 
 thread_local! {

@@ -71,6 +71,7 @@ pub(crate) fn all(
     cadence::acquire_retries(&run, out);
     cadence::waiters(&run, out);
     renewal::schedule(&run, out);
+    renewal::lost_on_refusal(&run, out);
     (violations, margin::of_losses(&run))
 }
 

@@ -56,12 +56,12 @@ pub(crate) enum Event {
     /// A force-release of `key` (breaks exclusion by design).
     Forced { client: usize, key: String },
     /// An operation's outcome worth a line (errors, skips); for an
-    /// operation that failed, whether its error was transient (the
-    /// service's answer or its absence said "try again").
+    /// operation that failed, whether its error says "try again" (the key
+    /// held, a 429, a 5xx, no answer).
     Note {
         client: usize,
         what: String,
-        transient: Option<bool>,
+        try_again: Option<bool>,
     },
     /// A program finished; `unreleased` is what `shutdown` reported,
     /// `live_then` the leases (key, fence) the server held at that moment,

@@ -81,6 +81,7 @@ fn parse() -> Result<Args, String> {
                     "waiter-gives-up-on-error" => Sabotage::WaiterGivesUpOnError,
                     "renews-in-a-tight-loop" => Sabotage::RenewsInATightLoop,
                     "renews-too-late" => Sabotage::RenewsTooLate,
+                    "renewal-retries-conflict" => Sabotage::RenewalRetriesConflict,
                     other => return Err(format!("unknown sabotage {other:?}")),
                 }
             }

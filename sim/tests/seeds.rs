@@ -284,3 +284,9 @@ fn finds_a_guard_renewing_too_late() {
     let found = first_with(Sabotage::RenewsTooLate, "renewed too late");
     assert!(found.is_some(), "not found within {FIND_WITHIN} seeds");
 }
+
+#[test]
+fn finds_a_guard_that_retries_a_refused_renewal() {
+    let found = first_with(Sabotage::RenewalRetriesConflict, "believed after a refusal");
+    assert!(found.is_some(), "not found within {FIND_WITHIN} seeds");
+}

@@ -42,7 +42,7 @@ pub(super) fn waits(run: &Run<'_>, out: &mut Vec<String>) {
             matches!(
                 &ended.event,
                 Event::Note {
-                    transient: Some(true),
+                    try_again: Some(true),
                     ..
                 }
             )

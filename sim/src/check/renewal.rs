@@ -119,21 +119,7 @@ pub(super) fn schedule(run: &Run<'_>, out: &mut Vec<String>) {
             continue;
         }
         let ttl = Duration::from_secs(u64::try_from(ttl).unwrap_or_default());
-        // Its renewals, up to the next grant under the same token.
-        let mut renewals: Vec<&Attempt> = Vec::new();
-        for a in &attempts[i + 1..] {
-            if a.token.as_ref() != Some(token) {
-                continue;
-            }
-            if a.operation == Operation::Acquire {
-                break;
-            }
-            if a.operation == Operation::Renew
-                && !renewals.iter().any(|r| r.request_id == a.request_id)
-            {
-                renewals.push(a);
-            }
-        }
+        let renewals = renewals_of(&attempts[i + 1..], token);
         // A lease is timed from the first attempt of the try that got it:
         // the grant may answer a single retry, sent after a 503 or no
         // answer. Which it was, the attempts do not say: the soonest
@@ -149,6 +135,7 @@ pub(super) fn schedule(run: &Run<'_>, out: &mut Vec<String>) {
         // The lease as last measured: the earliest and latest its timing
         // may start from, and when its answer came.
         let (mut earliest, mut sent, mut heard) = (first_sent, grant.sent, answer.at);
+        let mut retrying = false;
         for first in renewals {
             let suspended = run.events.iter().any(|e| {
                 e.at >= earliest
@@ -172,7 +159,7 @@ pub(super) fn schedule(run: &Run<'_>, out: &mut Vec<String>) {
             // Not before the answer it follows, though: a slow answer
             // leaves nothing to wait for.
             let latest = latest.max(heard) + SCHEDULE_SLACK;
-            if !suspended && first.sent < heard + soonest {
+            if !retrying && !suspended && first.sent < heard + soonest {
                 out.push(format!(
                     "renewed too soon: client {}'s guard on {} (fence {fence}, ttl {ttl:?}) \
                      renewed {:?} after the last answer, at {:?}",
@@ -182,7 +169,7 @@ pub(super) fn schedule(run: &Run<'_>, out: &mut Vec<String>) {
                     first.sent
                 ));
             }
-            if first.sent > latest {
+            if !retrying && first.sent > latest {
                 out.push(format!(
                     "renewed too late: client {}'s guard on {} (fence {fence}, ttl {ttl:?}) \
                      sent its renewal at {:?}, {:?} before the deadline the last one set",
@@ -192,16 +179,65 @@ pub(super) fn schedule(run: &Run<'_>, out: &mut Vec<String>) {
                     deadline.saturating_sub(first.sent)
                 ));
             }
-            // The renewal's attempt that the server answered 200 sets the
-            // next deadline; without one, the lease's life ends here.
-            let renewed = attempts.iter().find(|a| {
-                a.request_id == first.request_id
-                    && a.answer.as_ref().is_some_and(|o| o.status == 200)
-            });
-            match renewed.and_then(|a| a.answer.as_ref().map(|o| (a.sent, o.at))) {
-                Some((s, h)) => (earliest, sent, heard) = (first.sent, s, h),
-                None => break,
+            // An answered renewal sets the next deadline; a refusal ends the
+            // lease's life; a transient failure is retried on a backoff,
+            // not on this schedule (each attempt has its own request id).
+            match first.answer.as_ref().map(|o| (o.status, o.at)) {
+                Some((200, at)) => {
+                    (earliest, sent, heard) = (first.sent, first.sent, at);
+                    retrying = false;
+                }
+                Some((status, _)) if !matches!(status, 429 | 500..=599) => break,
+                _ => retrying = true,
             }
+        }
+    }
+}
+
+/// The renewal attempts sent under `token` (each attempt has its own
+/// request id), up to the next grant under the same token.
+fn renewals_of<'a>(after: &'a [Attempt], token: &str) -> Vec<&'a Attempt> {
+    after
+        .iter()
+        .filter(|a| a.token.as_deref() == Some(token))
+        .take_while(|a| a.operation != Operation::Acquire)
+        .filter(|a| a.operation == Operation::Renew)
+        .collect()
+}
+
+/// How soon after a refusal a guard must have said it is lost: a tick.
+const TOLD_WITHIN: Duration = Duration::from_millis(60);
+
+/// A renewal refused with 409 (the lease is gone: taken over, lapsed,
+/// force-released) ends the guard's belief at once: no guard keeps
+/// believing, or retrying, on a lease the service said it no longer has.
+pub(super) fn lost_on_refusal(run: &Run<'_>, out: &mut Vec<String>) {
+    let attempts = &run.server.sent.attempts;
+    for (i, grant) in attempts.iter().enumerate() {
+        let granted = grant.answer.as_ref().filter(|o| o.status == 201);
+        let (Some(fence), Some(token)) = (granted.and_then(|o| o.fence), &grant.token) else {
+            continue;
+        };
+        if grant.operation != Operation::Acquire {
+            continue;
+        }
+        let refused = renewals_of(&attempts[i + 1..], token)
+            .into_iter()
+            .find_map(|a| a.answer.as_ref().filter(|o| o.status == 409));
+        let Some(refused) = refused else { continue };
+        let believed = run.beliefs.iter().find(|b| {
+            b.client == grant.client
+                && b.key == grant.key
+                && b.fence == fence
+                && b.from <= refused.at
+                && b.to > refused.at + TOLD_WITHIN
+        });
+        if let Some(b) = believed {
+            out.push(format!(
+                "believed after a refusal: client {}'s renewal of {} (fence {fence}) was \
+                 answered 409 at {:?}, and it believed it held the key until {:?}",
+                b.client, b.key, refused.at, b.to
+            ));
         }
     }
 }

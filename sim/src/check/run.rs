@@ -63,7 +63,7 @@ impl<'a> Run<'a> {
         let grants = grants(server, &jumps);
         let breaks = Breaks {
             forced: forced(server, &jumps),
-            jumps: jumps.iter().map(|&(at, _)| at).collect(),
+            jumps: jumps.clone(),
         };
         let beliefs = beliefs(events, end);
         Run {
@@ -104,7 +104,8 @@ pub(super) struct Grant {
 /// What breaks exclusion by design: force-releases and server clock jumps.
 pub(super) struct Breaks {
     forced: Vec<(String, Duration)>,
-    jumps: Vec<Duration>,
+    /// When the server's clock jumped (sim time), and by how much.
+    jumps: Vec<(Duration, Duration)>,
 }
 
 impl Breaks {
@@ -112,7 +113,20 @@ impl Breaks {
     pub(super) fn any(&self, key: &str, from: Duration, to: Duration) -> bool {
         let within = |at: Duration| at >= from && at <= to;
         self.forced.iter().any(|(k, at)| k == key && within(*at))
-            || self.jumps.iter().any(|&at| within(at))
+            || self.jumps.iter().any(|&(at, _)| within(at))
+    }
+
+    /// How far the server's clock jumped in `[from, to]`: how much sooner
+    /// than granted a lease live through that stretch ended on the server.
+    /// (A force-release ends a lease too, but not the holder's belief:
+    /// the holder is excused only until the lease's expiry, which its
+    /// local deadline never passes.)
+    pub(super) fn jumped(&self, from: Duration, to: Duration) -> Duration {
+        self.jumps
+            .iter()
+            .filter(|&&(at, _)| at >= from && at <= to)
+            .map(|&(_, by)| by)
+            .sum()
     }
 }
 

@@ -3,7 +3,8 @@
 //! only go up, a belief and a guard's `remaining()` never outlast the
 //! server's lease, and nothing is written under a guard told lost. Force
 //! releases and server clock jumps break exclusion by design and excuse
-//! what spans them.
+//! a conflict that spans them; the excuse is bounded: a belief still ends
+//! by its lease's expiry (moved by no more than the clock jumped).
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
@@ -98,7 +99,10 @@ pub(super) fn within_lease(run: &Run<'_>, out: &mut Vec<String>) {
         let until = expiry_granted(run, &b.key, b.fence, |at| at < b.to);
         let Some(until) = until else { continue };
         let since = granted_at(&run.grants, &b.key, b.fence).unwrap_or(b.from);
-        if b.to > until + run.drift_slack && !run.breaks.any(&b.key, since, b.to) {
+        // A server clock jump ends the lease sooner than granted, not the
+        // belief: excused by that much, no more. A force-release excuses
+        // nothing here: the belief still ends by the lease's expiry.
+        if b.to > until + run.drift_slack + run.breaks.jumped(since, b.to) {
             out.push(format!(
                 "overclaim: client {} believed it held {} (fence {}) until {:?}, past the \
                  server's expiry of that lease at {:?}",
@@ -129,7 +133,7 @@ pub(super) fn remaining(run: &Run<'_>, out: &mut Vec<String>) {
         // under the guard (by design, not the guard's fault).
         let since = granted_at(&run.grants, key, *fence).unwrap_or(e.at);
         let claimed = e.at + *remaining;
-        if claimed > until + run.drift_slack && !run.breaks.any(key, since, claimed) {
+        if claimed > until + run.drift_slack + run.breaks.jumped(since, claimed) {
             out.push(format!(
                 "overstated: client {client}'s guard on {key} (fence {fence}) said {remaining:?} \
                  was left at {:?}, past the server's expiry at {until:?}",

@@ -64,7 +64,7 @@ impl Ctx {
         self.log.push(Event::Note {
             client: self.id,
             what: what.into(),
-            transient: None,
+            try_again: None,
         });
     }
 
@@ -73,7 +73,7 @@ impl Ctx {
         self.log.push(Event::Note {
             client: self.id,
             what: format!("{what}: {err}"),
-            transient: Some(err.is_transient()),
+            try_again: Some(err.is_transient() || err.is_lock_held()),
         });
     }
 

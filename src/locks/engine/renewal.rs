@@ -52,7 +52,11 @@ pub(crate) async fn renew_in_window(state: &State, locks: &Locks) -> Result<(), 
                 );
                 return state.renewed(renewed);
             }
-            Err(err) if worth_another_attempt(&err) => {
+            Err(err)
+                if worth_another_attempt(&err)
+                    || (sabotaged!(RenewalRetriesConflict)
+                        && matches!(err, Error::Conflict(_))) =>
+            {
                 let err = Arc::new(err);
                 state
                     .risk
