@@ -62,12 +62,11 @@ pub(crate) fn settles(err: &Error) -> bool {
 }
 
 /// Whether a waiting acquire waits through this error rather than
-/// returning it: the lock is held (409), the quota is spent (429), or the
-/// try may be made again with the same token (no answer, 503).
+/// returning it: the lock is held (409), or the error is transient (no
+/// answer, 429, 500/502/503/504): the same token makes another try safe,
+/// and a caller who asked to wait asked for exactly that.
 pub(crate) fn waits_through(err: &Error) -> bool {
-    matches!(err, Error::Conflict(_) | Error::RateLimited(_))
-        || err.is_transient() && err.is_transport()
-        || err.status() == Some(503)
+    matches!(err, Error::Conflict(_)) || err.is_transient()
 }
 
 /// The pauses of a [`backoff`], one per `next()`.
@@ -228,10 +227,10 @@ mod tests {
         for status in [429, 500, 502, 504, 409] {
             assert!(!retries_acquire(&answer(status)), "{status}");
         }
-        for status in [409, 429, 503] {
+        for status in [409, 429, 500, 502, 503, 504] {
             assert!(waits_through(&answer(status)), "{status}");
         }
-        for status in [400, 401, 403, 500, 502, 504] {
+        for status in [400, 401, 403, 404, 501, 418] {
             assert!(!waits_through(&answer(status)), "{status}");
         }
         assert!(settles(&answer(409)) && settles(&answer(503)));

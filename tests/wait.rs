@@ -303,8 +303,8 @@ async fn with_lock_can_wait_and_its_guard_starts_fresh() {
     assert!(fence > holder.fencing_token());
 }
 
-/// A waiter's try answered 500 after a conflict may have been applied, so
-/// it is undone; the lock is another token's, and the release's 409 says
+/// A waiter's last try answered 500 may have been applied, so it is
+/// undone; the lock is another token's, and the release's 409 says
 /// nothing of ours is held: no warning about a failed release, nothing
 /// reported by `shutdown`.
 #[tokio::test]
@@ -314,13 +314,12 @@ async fn undoing_a_try_on_a_lock_held_elsewhere_is_not_a_failed_release() {
     let server = MockServer::start().await;
     let client = mock_client(&server);
     let _holder = client.locks().acquire("report", TTL).await.unwrap();
-    // The waiter's first try finds the lock held; its second gets a 500.
-    server.inject(Fault::status(500).on(Operation::Acquire).every(2).times(1));
+    // The waiter's only try (a zero wait) gets a 500.
+    server.inject(Fault::status(500).on(Operation::Acquire).times(1));
     let err = client
         .locks()
         .acquire("report", TTL)
-        .wait(Duration::from_secs(5))
-        .poll_interval(Duration::from_millis(200))
+        .wait(Duration::ZERO)
         .await
         .unwrap_err();
     assert_eq!(err.status(), Some(500), "{err:?}");
@@ -535,4 +534,39 @@ async fn twenty_waiters_of_one_client_cost_what_one_does_and_go_in_order() {
             .unwrap();
     }
     assert_eq!(*order.lock().unwrap(), (0..20).collect::<Vec<_>>());
+}
+
+/// A waiting acquire waits through a gateway's 502 and a 500 as it does
+/// through a 503: it asked to wait, and the same token makes another try
+/// safe. The holder's release is then noticed.
+#[tokio::test]
+async fn a_waiter_waits_through_500_and_502() {
+    use volcano_mock_server::Fault;
+    let server = MockServer::start().await;
+    let client = mock_client(&server);
+    let holder = client.locks().acquire("report", TTL).await.unwrap();
+    server.inject(Fault::status(502).on(Operation::Acquire).times(1));
+    server.inject(Fault::status(500).on(Operation::Acquire).times(1));
+    let waiting = tokio::spawn({
+        let locks = client.locks();
+        async move {
+            locks
+                .acquire("report", TTL)
+                .wait(Duration::from_secs(10))
+                .poll_interval(Duration::from_millis(200))
+                .await
+        }
+    });
+    // Both faults answered before the holder lets go.
+    let faulted = || {
+        server
+            .requests()
+            .iter()
+            .filter(|r| r.operation == Operation::Acquire && matches!(r.status, Some(500 | 502)))
+            .count()
+    };
+    assert!(eventually(Duration::from_secs(5), || faulted() >= 2).await);
+    client.locks().release(&holder).await.unwrap();
+    let lease = waiting.await.unwrap().expect("waited through the 5xx");
+    assert!(lease.fencing_token() > holder.fencing_token());
 }

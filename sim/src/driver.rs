@@ -211,16 +211,23 @@ impl Driver {
             Operation::Renew,
             Operation::Release,
             Operation::Get,
+            Operation::ForceRelease,
         ];
         let mut op = ops[self.rng.random_range(0..ops.len())];
         let times = self.rng.random_range(1..=3);
-        let (fault, kind) = match self.rng.random_range(0..6) {
-            // A release refused for good (a rotated or revoked key): the
-            // lease stays until its ttl, and `shutdown` must say so.
+        let (fault, kind) = match self.rng.random_range(0..8) {
+            // A release or a renewal refused for good (a rotated or revoked
+            // key): a refused release leaves the lease until its ttl, and
+            // `shutdown` must say so; a refused renewal loses the lock.
             5 => {
-                op = Operation::Release;
                 let status = if self.rng.random_bool(0.5) { 401 } else { 403 };
-                (Fault::status(status), format!("refused-release {status}"))
+                let (refused, what) = if self.rng.random_bool(0.5) {
+                    (Operation::Release, "refused-release")
+                } else {
+                    (Operation::Renew, "refused-renewal")
+                };
+                op = refused;
+                (Fault::status(status), format!("{what} {status}"))
             }
             0 => (Fault::status(503), "503".to_owned()),
             1 => (Fault::status(429), "429".to_owned()),
@@ -229,6 +236,25 @@ impl Driver {
                 Fault::delay_response(lasting),
                 format!("delay-response of {lasting:?}"),
             ),
+            // A gateway's or the service's other 5xx: the request may or
+            // may not have been applied.
+            6 => {
+                let status = [500, 502, 504][self.rng.random_range(0..3)];
+                (Fault::status(status), status.to_string())
+            }
+            // The request held on its way, then applied (also when its
+            // client has given up meanwhile). Not an acquire: an acquire
+            // applied after the release that undoes it holds the key for
+            // its ttl, a gap the SDK does not close (docs/correctness.md).
+            7 => {
+                if op == Operation::Acquire {
+                    op = Operation::Renew;
+                }
+                (
+                    Fault::delay(lasting),
+                    format!("delay-request of {lasting:?}"),
+                )
+            }
             _ => (Fault::reset(), "reset".to_owned()),
         };
         let what = format!("{kind} on {op:?} x{times}");

@@ -84,11 +84,12 @@ macro_rules! option_setters {
         /// looks again at the moment the lease could be taken over
         /// (`expires_at` + 1 s), so one whose holder crashed gets it
         /// within ttl + 1 s; waiters of one client on one key take turns,
-        /// only the first in line sending. Transport failures, 429 and 503
-        /// are tried again (the same token makes that safe), after any
-        /// `Retry-After` (at most 60 s) plus up to one poll interval of
-        /// jitter, so that a fleet does not fire at the first second of
-        /// the next quota window; any other error returns at once.
+        /// only the first in line sending. Transient failures (no answer,
+        /// 429, 500/502/503/504: `Error::is_transient`) are tried again
+        /// (the same token makes that safe), after any `Retry-After` (at
+        /// most 60 s) plus up to one poll interval of jitter, so that a
+        /// fleet does not fire at the first second of the next quota
+        /// window; any other error returns at once.
         ///
         /// No try starts after `timeout`; one in flight then has 2 s more to
         /// answer (a late success is returned as the lease). If it never

@@ -140,9 +140,9 @@ fn waiter(
 /// A tick or two, past the waiter's bound and its round trips.
 const PICKUP_SLACK: Duration = Duration::from_millis(100);
 
-/// The longest round trip of `client`'s requests sent from `from` to `to`,
-/// or `None` if one of them got no answer, or one a waiter pauses on (a
-/// 429, a 503: injected faults, or the quota).
+/// The longest round trip of `client`'s requests in flight at some time
+/// from `from` to `to`, or `None` if one of them got no answer, or one a
+/// waiter pauses on (a 429, a 5xx: injected faults, or the quota).
 fn longest_round_trip(
     server: &Server,
     client: usize,
@@ -151,7 +151,13 @@ fn longest_round_trip(
 ) -> Option<Duration> {
     let mut longest = Duration::ZERO;
     for a in &server.sent.attempts {
-        if a.client != client || a.sent < from || a.sent > to {
+        // Over before `from`: answered, or given up (the simulation's
+        // request timeout is 10 s).
+        let over = match &a.answer {
+            Some(o) => o.at < from,
+            None => a.sent + Duration::from_secs(10) < from,
+        };
+        if a.client != client || a.sent > to || over {
             continue;
         }
         let answer = a.answer.as_ref()?;

@@ -112,7 +112,7 @@ pub(crate) struct Waiter {
     holder_free_at: Option<Instant>,
     /// The newest `409`: what a timed-out wait returns.
     last_conflict: Option<Error>,
-    /// The newest other error worth waiting through (429, 503, transport).
+    /// The newest other error worth waiting through (429, a 5xx, no answer).
     last_other: Option<Error>,
     /// The newest try whose outcome is unknown, while no later `409`
     /// showed it did not take.
