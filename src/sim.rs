@@ -105,6 +105,9 @@ pub enum Sabotage {
     /// A renewal refused with 409 is retried as if the failure were
     /// transient: the guard believes until its deadline.
     RenewalRetriesConflict,
+    /// A guard renews once, then never again: it expires at its second
+    /// deadline.
+    RenewsOnce,
 }
 
 thread_local! {

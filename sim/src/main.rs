@@ -82,6 +82,7 @@ fn parse() -> Result<Args, String> {
                     "renews-in-a-tight-loop" => Sabotage::RenewsInATightLoop,
                     "renews-too-late" => Sabotage::RenewsTooLate,
                     "renewal-retries-conflict" => Sabotage::RenewalRetriesConflict,
+                    "renews-once" => Sabotage::RenewsOnce,
                     other => return Err(format!("unknown sabotage {other:?}")),
                 }
             }

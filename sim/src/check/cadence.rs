@@ -145,7 +145,7 @@ pub(super) fn waiters(run: &Run<'_>, out: &mut Vec<String>) {
             attempts.iter().any(|r| {
                 r.client == *client
                     && r.key == *key
-                    && r.operation == Operation::Release
+                    && matches!(r.operation, Operation::Release | Operation::ForceRelease)
                     && r.answer
                         .as_ref()
                         .is_some_and(|o| o.status == 204 && o.at >= from && o.at <= to)
@@ -167,7 +167,7 @@ pub(super) fn waiters(run: &Run<'_>, out: &mut Vec<String>) {
                 if a.operation == Operation::Acquire && !freed_between(previous_sent, a.sent) {
                     out.push(format!(
                         "tight loop: client {client}'s wait for {key} tried again {:?} after \
-                         a look found the key held (at {:?})",
+                         an answer that the key is held (at {:?})",
                         a.sent - heard,
                         a.sent
                     ));
@@ -175,8 +175,12 @@ pub(super) fn waiters(run: &Run<'_>, out: &mut Vec<String>) {
             }
             previous_sent = a.sent;
             let answer = a.answer.as_ref();
-            held_seen = a.operation == Operation::Get
-                && answer.is_some_and(|o| o.status == 200 && o.fence.is_some());
+            // A look that found the key held, or a try refused with 409:
+            // either way the next try waits at least a pause.
+            held_seen = answer.is_some_and(|o| match a.operation {
+                Operation::Get => o.status == 200 && o.fence.is_some(),
+                _ => o.status == 409,
+            });
             heard = answer
                 .filter(|o| matches!(o.status, 200 | 201 | 204 | 404 | 409))
                 .map(|o| o.at);

@@ -48,6 +48,11 @@ pub(super) fn after_crash(run: &Run<'_>, out: &mut Vec<String>) {
                 continue;
             };
             let bound = base + round_trip * 3;
+            // ... and no slower, nor paused, up to that bound.
+            match longest_round_trip(run.server, waiter, at, bound) {
+                Some(longest) if longest <= round_trip => {}
+                _ => continue,
+            }
             // Judged on the stretch after the crash: the crash itself is
             // what is judged, and faults of other hosts do not reach the
             // waiter. The server's own faults reach everyone.
@@ -61,7 +66,10 @@ pub(super) fn after_crash(run: &Run<'_>, out: &mut Vec<String>) {
                     }
             });
             let still_waiting = self::waiter(events, &b.key, crashed, expired, bound).is_some();
-            if disturbed || !still_waiting || run.breaks.any(&b.key, at, bound) {
+            // A server clock jump since the waiter last looked moves the
+            // takeover moment it knows: not judged (a ttl before expiry).
+            let looked_since = expired.saturating_sub(Duration::from_secs(13));
+            if disturbed || !still_waiting || run.breaks.any(&b.key, looked_since, bound) {
                 continue;
             }
             let taken = events.iter().any(|e| {

@@ -135,7 +135,7 @@ pub(super) fn schedule(run: &Run<'_>, out: &mut Vec<String>) {
         // The lease as last measured: the earliest and latest its timing
         // may start from, and when its answer came.
         let (mut earliest, mut sent, mut heard) = (first_sent, grant.sent, answer.at);
-        let mut retrying = false;
+        let (mut retrying, mut refused) = (false, false);
         for first in renewals {
             let suspended = run.events.iter().any(|e| {
                 e.at >= earliest
@@ -152,13 +152,7 @@ pub(super) fn schedule(run: &Run<'_>, out: &mut Vec<String>) {
                 .min(left.saturating_sub(Duration::from_secs(3)))
                 .mul_f64(0.9)
                 .saturating_sub(SCHEDULE_SLACK);
-            let latest = (deadline.saturating_sub(Duration::from_secs(2)))
-                .saturating_sub(sent)
-                .div_f64(run.clock_rate.min(1.0))
-                + sent;
-            // Not before the answer it follows, though: a slow answer
-            // leaves nothing to wait for.
-            let latest = latest.max(heard) + SCHEDULE_SLACK;
+            let latest = latest_renewal(sent, heard, ttl, run.clock_rate) + SCHEDULE_SLACK;
             if !retrying && !suspended && first.sent < heard + soonest {
                 out.push(format!(
                     "renewed too soon: client {}'s guard on {} (fence {fence}, ttl {ttl:?}) \
@@ -187,11 +181,58 @@ pub(super) fn schedule(run: &Run<'_>, out: &mut Vec<String>) {
                     (earliest, sent, heard) = (first.sent, first.sent, at);
                     retrying = false;
                 }
-                Some((status, _)) if !matches!(status, 429 | 500..=599) => break,
+                Some((status, _)) if !matches!(status, 429 | 500..=599) => {
+                    refused = true;
+                    break;
+                }
                 _ => retrying = true,
             }
         }
+        // After the last renewal answered (or the grant), the next one was
+        // due by `latest`: a guard still believing well past it without
+        // having sent one stopped renewing.
+        if refused || retrying {
+            continue;
+        }
+        let latest = latest_renewal(sent, heard, ttl, run.clock_rate) + STOPPED_SLACK;
+        let stopped = run.beliefs.iter().find(|b| {
+            b.client == grant.client
+                && b.key == grant.key
+                && b.fence == fence
+                && b.from <= latest
+                && b.to > latest
+        });
+        let Some(b) = stopped else { continue };
+        let suspended = run.events.iter().any(|e| {
+            e.at + Duration::from_secs(1) >= earliest
+                && e.at <= b.to
+                && matches!(&e.event, Event::Fault { what }
+                    if (what.starts_with("suspend of ") || what.starts_with("stall of "))
+                        && super::recovery::touches(what, grant.client))
+        });
+        if !suspended {
+            out.push(format!(
+                "stopped renewing: client {}'s guard on {} (fence {fence}, ttl {ttl:?}) last \
+                 renewed at {sent:?}, believed until {:?}, and sent no renewal by {latest:?}",
+                grant.client, grant.key, b.to
+            ));
+        }
     }
+}
+
+/// How late past its due moment a renewal not sent at all is reported.
+const STOPPED_SLACK: Duration = Duration::from_millis(500);
+
+/// The latest a renewal may be sent after a lease measured from `sent`
+/// and answered at `heard`: 2 s before the deadline (longer on a slow
+/// clock), or at once if the answer came later.
+fn latest_renewal(sent: Duration, heard: Duration, ttl: Duration, clock_rate: f64) -> Duration {
+    let due = (sent + ttl)
+        .saturating_sub(Duration::from_secs(2))
+        .saturating_sub(sent)
+        .div_f64(clock_rate.min(1.0))
+        + sent;
+    due.max(heard)
 }
 
 /// The renewal attempts sent under `token` (each attempt has its own
@@ -208,9 +249,10 @@ fn renewals_of<'a>(after: &'a [Attempt], token: &str) -> Vec<&'a Attempt> {
 /// How soon after a refusal a guard must have said it is lost: a tick.
 const TOLD_WITHIN: Duration = Duration::from_millis(60);
 
-/// A renewal refused with 409 (the lease is gone: taken over, lapsed,
-/// force-released) ends the guard's belief at once: no guard keeps
-/// believing, or retrying, on a lease the service said it no longer has.
+/// A renewal refused (409: the lease is gone, taken over, lapsed or
+/// force-released; 401/403: the key was revoked) ends the guard's belief
+/// at once: no guard keeps believing, or retrying, on a lease the service
+/// refused to extend.
 pub(super) fn lost_on_refusal(run: &Run<'_>, out: &mut Vec<String>) {
     let attempts = &run.server.sent.attempts;
     for (i, grant) in attempts.iter().enumerate() {
@@ -221,9 +263,14 @@ pub(super) fn lost_on_refusal(run: &Run<'_>, out: &mut Vec<String>) {
         if grant.operation != Operation::Acquire {
             continue;
         }
+        // 409: the lease is gone; 400/401/403/404: refused for good.
         let refused = renewals_of(&attempts[i + 1..], token)
             .into_iter()
-            .find_map(|a| a.answer.as_ref().filter(|o| o.status == 409));
+            .find_map(|a| {
+                a.answer
+                    .as_ref()
+                    .filter(|o| matches!(o.status, 400..=499) && o.status != 429)
+            });
         let Some(refused) = refused else { continue };
         let believed = run.beliefs.iter().find(|b| {
             b.client == grant.client
@@ -235,8 +282,8 @@ pub(super) fn lost_on_refusal(run: &Run<'_>, out: &mut Vec<String>) {
         if let Some(b) = believed {
             out.push(format!(
                 "believed after a refusal: client {}'s renewal of {} (fence {fence}) was \
-                 answered 409 at {:?}, and it believed it held the key until {:?}",
-                b.client, b.key, refused.at, b.to
+                 answered {} at {:?}, and it believed it held the key until {:?}",
+                b.client, b.key, refused.status, refused.at, b.to
             ));
         }
     }

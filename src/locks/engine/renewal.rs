@@ -310,6 +310,10 @@ async fn renewal_task(state: Arc<State>, locks: Locks, mut next_at: Duration, _l
             state.mark(lost);
             break;
         }
+        if sabotaged!(RenewsOnce) {
+            let _ = state.sleep_while_held(Duration::MAX).await;
+            break;
+        }
         next_at = state.next_renewal_at();
     }
 }
