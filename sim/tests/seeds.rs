@@ -30,6 +30,25 @@ fn seeds_run_without_violations() {
     }
 }
 
+/// Sixteen client hosts on two keys and one project quota (600 lock
+/// operations a minute): a fleet's waiters, renewals and observers share
+/// it, and every check still holds.
+#[test]
+fn a_fleet_of_sixteen_on_one_quota_runs_clean() {
+    let options = Options {
+        clients: 16,
+        ..Options::default()
+    };
+    for seed in 0..20 {
+        let outcome = run(seed, &options);
+        assert!(
+            outcome.violations.is_empty(),
+            "seed {seed}: {:#?}\nreplay: cargo run --release -- --seed {seed} --clients 16 --trace sim-{seed}.log (from sim/)",
+            outcome.violations
+        );
+    }
+}
+
 #[test]
 #[cfg_attr(
     not(tokio_unstable),

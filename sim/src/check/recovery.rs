@@ -72,16 +72,22 @@ pub(super) fn after_crash(run: &Run<'_>, out: &mut Vec<String>) {
             if disturbed || !still_waiting || run.breaks.any(&b.key, looked_since, bound) {
                 continue;
             }
-            let taken = events.iter().any(|e| {
-                e.at >= at
-                    && e.at <= bound
-                    && match &e.event {
-                        Event::Believes { key, fence, .. } | Event::Leased { key, fence, .. } => {
-                            *key == b.key && *fence != b.fence
+            let granted = run
+                .grants
+                .iter()
+                .any(|g| g.key == b.key && g.fence != b.fence && g.at >= at && g.at <= bound);
+            let taken = granted
+                || events.iter().any(|e| {
+                    e.at >= at
+                        && e.at <= bound
+                        && match &e.event {
+                            Event::Believes { key, fence, .. }
+                            | Event::Leased { key, fence, .. } => {
+                                *key == b.key && *fence != b.fence
+                            }
+                            _ => false,
                         }
-                        _ => false,
-                    }
-            });
+                });
             if !taken {
                 out.push(format!(
                     "crash recovery: {} was freed by client {crashed}'s crash (its lease \
@@ -265,7 +271,13 @@ pub(super) fn after_release(run: &Run<'_>, out: &mut Vec<String>) {
             if !waiting || run.breaks.any(key, began, by) {
                 continue;
             }
-            let taken = later.iter().any(|e| {
+            // Taken: granted to anyone (a set holding some of its keys
+            // has not said so yet), or believed held.
+            let granted = run
+                .grants
+                .iter()
+                .any(|g| g.key == *key && g.at > released.at && g.at <= by);
+            let taken = granted || later.iter().any(|e| {
                 e.at > released.at
                     && e.at <= by
                     && matches!(&e.event, Event::Believes { key: kk, .. } | Event::Leased { key: kk, .. } if kk == key)
