@@ -69,6 +69,7 @@ pub(crate) fn all(
     observe::kept_looking(&run, out);
     renewal::renewed(&run, out);
     cadence::acquire_retries(&run, out);
+    cadence::acquire_retried(&run, out);
     cadence::waiters(&run, out);
     renewal::schedule(&run, out);
     renewal::lost_on_refusal(&run, out);

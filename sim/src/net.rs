@@ -44,6 +44,9 @@ pub(crate) struct Attempt {
     pub(crate) sent: Duration,
     /// The answer, if one came back whole.
     pub(crate) answer: Option<Observed>,
+    /// When its client saw it fail without an answer (no connection, a
+    /// broken one, its timeout), if it did.
+    pub(crate) failed: Option<Duration>,
 }
 
 /// An answer a client received.
@@ -109,13 +112,18 @@ impl Network for SimNetwork {
                 Ok(answer) => answer,
                 Err(_) => Err(Failure::Timeout),
             };
-            if let (Ok(answer), Some(index)) = (&answer, attempt) {
-                let observed = Observed {
-                    at: turmoil::sim_elapsed().unwrap_or_default(),
-                    status: answer.status,
-                    fence: member(&answer.body, "fencing_token"),
-                };
-                crate::lock(&senders).attempts[index].answer = Some(observed);
+            let at = turmoil::sim_elapsed().unwrap_or_default();
+            match (&answer, attempt) {
+                (Ok(answer), Some(index)) => {
+                    let observed = Observed {
+                        at,
+                        status: answer.status,
+                        fence: member(&answer.body, "fencing_token"),
+                    };
+                    crate::lock(&senders).attempts[index].answer = Some(observed);
+                }
+                (Err(_), Some(index)) => crate::lock(&senders).attempts[index].failed = Some(at),
+                (_, None) => {}
             }
             answer
         })
@@ -148,6 +156,7 @@ impl SimNetwork {
             ttl_seconds: body.and_then(|b| member(b, "ttl_seconds")),
             sent: now,
             answer: None,
+            failed: None,
         });
         Some(sent.attempts.len() - 1)
     }

@@ -197,3 +197,59 @@ pub(super) fn waiters(run: &Run<'_>, out: &mut Vec<String>) {
         }
     }
 }
+
+/// The protocol's single retry is made: a first attempt of an acquire
+/// answered 503, or failed without an answer, is followed at once by a
+/// second with the same request id, unless its operation ended first
+/// (dropped, its host crashed) or its wait's deadline had passed (no
+/// attempt starts after it).
+pub(super) fn acquire_retried(run: &Run<'_>, out: &mut Vec<String>) {
+    let attempts = &run.server.sent.attempts;
+    for (i, a) in attempts.iter().enumerate() {
+        let answered_503 = a.answer.as_ref().filter(|o| o.status == 503).map(|o| o.at);
+        let Some(seen) = answered_503.or(a.failed) else {
+            continue;
+        };
+        let earlier = attempts[..i]
+            .iter()
+            .rev()
+            .find(|b| b.request_id == a.request_id);
+        // A retry itself, or a try after an earlier 503 (not a first).
+        let is_retry = earlier.is_some_and(|b| {
+            let seen = b.answer.as_ref().map(|o| o.at).or(b.failed);
+            b.answer.as_ref().is_none_or(|o| o.status == 503)
+                && a.sent <= seen.unwrap_or(b.sent + RETRY_WITHIN) + IMMEDIATE
+        });
+        if a.operation != Operation::Acquire || is_retry {
+            continue;
+        }
+        let by = seen + IMMEDIATE;
+        let retried = attempts[i + 1..]
+            .iter()
+            .any(|b| b.request_id == a.request_id && b.sent <= by);
+        // The operation ended by then, or its wait's deadline had passed.
+        let excused = run.events.iter().any(|e| {
+            e.at <= by
+                && e.at >= a.sent
+                && match &e.event {
+                    Event::StepEnded { client } | Event::Crashed { client } => *client == a.client,
+                    Event::Note { client, .. } => *client == a.client,
+                    _ => false,
+                }
+        }) || run.events.iter().any(|e| {
+            matches!(&e.event, Event::Waits { client, until, .. }
+                if *client == a.client && e.at <= a.sent && *until <= by)
+        });
+        if !retried && !excused {
+            out.push(format!(
+                "acquire not retried: client {}'s acquire of {} failed (503 or no answer) at \
+                 {:?} and was not sent again",
+                a.client, a.key, seen
+            ));
+        }
+    }
+}
+
+/// The longest a single retry can follow a first attempt that got no
+/// answer: a request timeout (the simulation's 10 s), and a tick.
+const RETRY_WITHIN: Duration = Duration::from_millis(10_100);

@@ -443,6 +443,7 @@ mod tests {
                 status,
                 fence: (status == 201).then_some(1),
             }),
+            failed: None,
         }
     }
 
