@@ -10,6 +10,7 @@ use std::time::Duration;
 use volcano_mock_server::Operation;
 
 use super::run::Run;
+use super::safety::expiry_granted;
 use crate::log::Event;
 use crate::net::Attempt;
 
@@ -173,6 +174,25 @@ pub(super) fn schedule(run: &Run<'_>, out: &mut Vec<String>) {
                     deadline.saturating_sub(first.sent)
                 ));
             }
+            // Every attempt, a retry too, is sent while it can still arrive
+            // more than the protocol's last second before the lease's
+            // expiry on the server: 1 s, and the least time an attempt is
+            // given (100 ms).
+            let expires = expiry_granted(run, &grant.key, fence, |at| at <= first.sent);
+            // A server clock jump since the grant, before the expiry, moves
+            // that expiry sooner in sim time: excused by as much.
+            let jumped = run.breaks.jumped(grant.sent, first.sent + ttl + IN_WINDOW);
+            let excused = run.drift_slack + jumped;
+            if let Some(expires) = expires.filter(|e| first.sent + IN_WINDOW > *e + excused) {
+                out.push(format!(
+                    "renewal after its window: client {}'s guard on {} (fence {fence}) sent a \
+                     renewal at {:?}, {:?} before the lease's expiry",
+                    grant.client,
+                    grant.key,
+                    first.sent,
+                    expires.saturating_sub(first.sent)
+                ));
+            }
             // An answered renewal sets the next deadline; a refusal ends the
             // lease's life; a transient failure is retried on a backoff,
             // not on this schedule (each attempt has its own request id).
@@ -219,6 +239,11 @@ pub(super) fn schedule(run: &Run<'_>, out: &mut Vec<String>) {
         }
     }
 }
+
+/// How long before the server's expiry a renewal attempt may be sent at
+/// the latest: the protocol's last second, and the least time an attempt
+/// is given.
+const IN_WINDOW: Duration = Duration::from_millis(1_100);
 
 /// How late past its due moment a renewal not sent at all is reported.
 const STOPPED_SLACK: Duration = Duration::from_millis(500);
