@@ -216,15 +216,16 @@ impl Driver {
         let mut op = ops[self.rng.random_range(0..ops.len())];
         let times = self.rng.random_range(1..=3);
         let (fault, kind) = match self.rng.random_range(0..8) {
-            // A release or a renewal refused for good (a rotated or revoked
-            // key): a refused release leaves the lease until its ttl, and
-            // `shutdown` must say so; a refused renewal loses the lock.
+            // A release, a renewal or an acquire refused for good (a
+            // rotated or revoked key): a refused release leaves the lease
+            // until its ttl, and `shutdown` must say so; a refused renewal
+            // loses the lock; a refused acquire ends its wait.
             5 => {
                 let status = if self.rng.random_bool(0.5) { 401 } else { 403 };
-                let (refused, what) = if self.rng.random_bool(0.5) {
-                    (Operation::Release, "refused-release")
-                } else {
-                    (Operation::Renew, "refused-renewal")
+                let (refused, what) = match self.rng.random_range(0..3) {
+                    0 => (Operation::Release, "refused-release"),
+                    1 => (Operation::Renew, "refused-renewal"),
+                    _ => (Operation::Acquire, "refused-acquire"),
                 };
                 op = refused;
                 (Fault::status(status), format!("{what} {status}"))

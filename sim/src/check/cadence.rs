@@ -27,8 +27,9 @@ const LEAST_PAUSE: Duration = Duration::from_millis(180);
 /// holder or by its own client's release of the key between) follows a
 /// 503 or no answer, and is never itself retried.
 pub(super) fn acquire_retries(run: &Run<'_>, out: &mut Vec<String>) {
-    // The previous attempt of each request id, and whether it was a retry.
-    let mut last: BTreeMap<&str, (&Attempt, bool)> = BTreeMap::new();
+    // The previous attempt of each request id, whether it was a retry,
+    // and when the try it belongs to began.
+    let mut last: BTreeMap<&str, (&Attempt, bool, Duration)> = BTreeMap::new();
     // When each client last looked at each key (`get`) or released it.
     let mut looked: BTreeMap<(usize, &str), Duration> = BTreeMap::new();
     for a in &run.server.sent.attempts {
@@ -50,36 +51,48 @@ pub(super) fn acquire_retries(run: &Run<'_>, out: &mut Vec<String>) {
                 .is_some_and(|at| *at >= since)
         };
         let retry = match last.get(a.request_id.as_str()) {
-            Some((before, before_was_retry)) => match &before.answer {
+            Some((before, before_was_retry, began)) => match &before.answer {
                 Some(answer)
                     if a.sent.saturating_sub(answer.at) < IMMEDIATE
-                        && a.sent.saturating_sub(before.sent) < LEAST_PAUSE
-                        && !looked_since(before.sent) =>
+                        && a.sent.saturating_sub(before.sent) < LEAST_PAUSE =>
                 {
-                    if answer.status != 503 {
-                        out.push(format!(
-                            "acquire retried after a {}: client {} sent {} again {:?} after \
-                             that answer (at {:?})",
-                            answer.status,
-                            a.client,
-                            a.key,
-                            a.sent.saturating_sub(answer.at),
-                            a.sent
-                        ));
+                    if answer.status == 503 && !before_was_retry {
+                        // The protocol's single retry.
+                        true
+                    } else if looked_since(*began) {
+                        // Prompted by a look, or by its client's release
+                        // of the key since the try began: a new try.
+                        false
+                    } else {
+                        if answer.status != 503 {
+                            out.push(format!(
+                                "acquire retried after a {}: client {} sent {} again {:?} \
+                                 after that answer (at {:?})",
+                                answer.status,
+                                a.client,
+                                a.key,
+                                a.sent.saturating_sub(answer.at),
+                                a.sent
+                            ));
+                        } else {
+                            out.push(format!(
+                                "acquire retried twice: client {}'s acquire of {} at {:?}",
+                                a.client, a.key, a.sent
+                            ));
+                        }
+                        true
                     }
-                    if *before_was_retry {
-                        out.push(format!(
-                            "acquire retried twice: client {}'s acquire of {} at {:?}",
-                            a.client, a.key, a.sent
-                        ));
-                    }
-                    true
                 }
                 _ => false,
             },
             None => false,
         };
-        last.insert(a.request_id.as_str(), (a, retry));
+        // When the try this attempt belongs to began: its first attempt.
+        let began = match last.get(a.request_id.as_str()) {
+            Some((before, _, began)) if retry => *began.min(&before.sent),
+            _ => a.sent,
+        };
+        last.insert(a.request_id.as_str(), (a, retry, began));
     }
 }
 
@@ -94,8 +107,10 @@ const PAUSE_SLACK: Duration = Duration::from_millis(150);
 /// interval ±10 %), unless that answer was one to pause on (a 429, a 5xx)
 /// or none came; and after a look that found the key held it never tries
 /// again sooner than its least pause (it would then be polling as fast as
-/// the network answers). A waiter that stops trying after its first look,
-/// or spins, passes every safety check: this catches both.
+/// the network answers); and a try refused for good (400, 401, 403,
+/// 404) ends the wait. A waiter that stops trying after its first look,
+/// spins, or waits through a revoked key passes every safety check: this
+/// catches them.
 pub(super) fn waiters(run: &Run<'_>, out: &mut Vec<String>) {
     let events = run.events;
     for (i, e) in events.iter().enumerate() {
@@ -152,9 +167,19 @@ pub(super) fn waiters(run: &Run<'_>, out: &mut Vec<String>) {
             })
         };
         let mut previous_sent = e.at;
+        // A refusal for good (400, 401, 403, 404) ends the wait.
+        let mut refused: Option<(u16, Duration)> = None;
+        let mut last_try: Option<&Attempt> = None;
         for a in sent {
             if a.sent >= end {
                 break;
+            }
+            if let Some((status, at)) = refused.take() {
+                out.push(format!(
+                    "waited through a refusal: client {client}'s wait for {key} was answered \
+                     {status} at {at:?} and sent again at {:?}",
+                    a.sent
+                ));
             }
             if let Some(heard) = heard.filter(|h| a.sent > *h + allowed) {
                 out.push(format!(
@@ -184,6 +209,20 @@ pub(super) fn waiters(run: &Run<'_>, out: &mut Vec<String>) {
             heard = answer
                 .filter(|o| matches!(o.status, 200 | 201 | 204 | 404 | 409))
                 .map(|o| o.at);
+            // (Not a single retry's: the first attempt's uncertain outcome
+            // stands over a retry's refusal.)
+            let retry_of = last_try.filter(|t: &&Attempt| {
+                let seen = t.answer.as_ref().map(|o| o.at).or(t.failed);
+                t.answer.as_ref().is_none_or(|o| o.status == 503)
+                    && seen.is_some_and(|seen| a.sent <= seen + IMMEDIATE)
+            });
+            refused = answer
+                .filter(|_| a.operation == Operation::Acquire && retry_of.is_none())
+                .filter(|o| matches!(o.status, 400 | 401 | 403 | 404))
+                .map(|o| (o.status, o.at));
+            if a.operation == Operation::Acquire {
+                last_try = Some(a);
+            }
             if let Some(granted) = answer.filter(|o| o.status == 201) {
                 end = end.min(granted.at);
                 heard = None;

@@ -19,8 +19,8 @@ use crate::net::Attempt;
 const LOST_BY_ITSELF: [&str; 3] = ["Expired", "RenewalFailed", "NoSafeWindow"];
 
 /// A held lock is renewed: a guard whose lease ended by itself (an expiry,
-/// failed renewals) after more than half its ttl, with no renewal of that
-/// lease ever sent, never tried to keep it, unless its host was suspended
+/// failed renewals, no safe window) with no renewal of that lease ever
+/// sent, when its grant left time for one, never tried to keep it, unless its host was suspended
 /// or its term stalled meanwhile (the lease clock jumped past the moment
 /// a renewal was due).
 pub(super) fn renewed(run: &Run<'_>, out: &mut Vec<String>) {
@@ -53,18 +53,25 @@ pub(super) fn renewed(run: &Run<'_>, out: &mut Vec<String>) {
             continue;
         };
         let ttl = Duration::from_secs(u64::try_from(ttl).unwrap_or_default());
-        if b.to.saturating_sub(b.from) <= ttl / 2 + Duration::from_secs(1) {
+        // Judged when a renewal could have been sent: the grant's answer
+        // left more than the last moment for one (2 s, and a second for
+        // the whole seconds of the `Date` the guard times it on).
+        let answered = granted
+            .and_then(|a| a.answer.as_ref())
+            .map_or(b.from, |o| o.at);
+        let sent = granted.map_or(b.from, |a| a.sent);
+        if (sent + ttl).saturating_sub(answered) <= Duration::from_secs(3) {
             continue;
         }
         let renewal_sent = attempts.iter().any(|a| {
             a.operation == Operation::Renew
                 && a.token.as_deref() == Some(token)
-                && a.sent >= b.from
+                && a.sent >= sent
                 && a.sent <= b.to
         });
         let host = format!("client-{}", b.client);
         let jumped = run.events.iter().any(|e| {
-            e.at + Duration::from_secs(1) >= b.from
+            e.at + Duration::from_secs(1) >= sent
                 && e.at <= b.to
                 && matches!(&e.event, Event::Fault { what }
                     if (what.starts_with("suspend of ") || what.starts_with("stall of "))
