@@ -170,6 +170,9 @@ pub(super) fn waiters(run: &Run<'_>, out: &mut Vec<String>) {
         // A refusal for good (400, 401, 403, 404) ends the wait.
         let mut refused: Option<(u16, Duration)> = None;
         let mut last_try: Option<&Attempt> = None;
+        // The last answer was a look that found the key free: the next try
+        // goes at once.
+        let mut free_seen = false;
         for a in sent {
             if a.sent >= end {
                 break;
@@ -199,7 +202,18 @@ pub(super) fn waiters(run: &Run<'_>, out: &mut Vec<String>) {
                 }
             }
             previous_sent = a.sent;
+            if free_seen && a.operation == Operation::Acquire {
+                if let Some(heard) = heard.filter(|h| a.sent > *h + IMMEDIATE + PAUSE_SLACK) {
+                    out.push(format!(
+                        "slow after a free look: client {client}'s wait for {key} found the key \
+                         free at {heard:?} and tried only at {:?}",
+                        a.sent
+                    ));
+                }
+            }
             let answer = a.answer.as_ref();
+            free_seen = a.operation == Operation::Get
+                && answer.is_some_and(|o| o.status == 200 && o.fence.is_none());
             // A look that found the key held, or a try refused with 409:
             // either way the next try waits at least a pause.
             held_seen = answer.is_some_and(|o| match a.operation {

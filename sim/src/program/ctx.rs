@@ -268,14 +268,37 @@ impl Ctx {
         }
     }
 
-    /// A held set has a guard for every key asked for.
-    pub(super) fn whole_set(&self, guards: usize, asked: usize) {
-        if guards != asked {
+    /// A held set has a guard for every key asked for, and says of each
+    /// what its guard says: its fence, and whether it is lost.
+    pub(super) fn whole_set(&self, set: &volcano::LockSet, asked: usize) -> Vec<LockGuard> {
+        let guards: Vec<LockGuard> = set.keys().filter_map(|k| set.guard(k)).cloned().collect();
+        let mut broken = Vec::new();
+        if guards.len() != asked {
+            broken.push(format!(
+                "a held set lists {} keys with guards; {asked} were asked for",
+                guards.len()
+            ));
+        }
+        for guard in &guards {
+            let fence = guard.lease().fencing_token();
+            if set.fencing_token(guard.key()) != Some(fence) {
+                broken.push(format!(
+                    "a held set says {:?} for {}'s fence; its guard says {fence}",
+                    set.fencing_token(guard.key()),
+                    guard.key()
+                ));
+            }
+        }
+        if set.is_lost() && !guards.iter().any(LockGuard::is_lost) {
+            broken.push("a held set is lost while none of its guards is".to_owned());
+        }
+        for what in broken {
             self.log.push(Event::Contract {
                 client: self.id,
-                what: format!("a held set lists {guards} keys with guards; {asked} were asked for"),
+                what,
             });
         }
+        guards
     }
 
     /// What a guard says about itself agrees with itself: its key, and
@@ -293,6 +316,9 @@ impl Ctx {
             broken.push("is_lost() without a failure()".to_owned());
         }
         if let Some(risk) = guard.at_risk() {
+            if risk.key() != key {
+                broken.push(format!("at_risk() names {:?}, not {key:?}", risk.key()));
+            }
             if guard.is_lost() {
                 broken.push(format!("at_risk() while lost: {risk}"));
             }

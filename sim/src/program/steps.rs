@@ -149,8 +149,7 @@ impl Ctx {
         coin: u64,
     ) {
         let scope = self.locks.with_locks(all.to_vec(), ttl, |set| async move {
-            let guards: Vec<LockGuard> = set.keys().filter_map(|k| set.guard(k)).cloned().collect();
-            self.whole_set(guards.len(), all.len());
+            let guards = self.whole_set(&set, all.len());
             let ended: Vec<_> = guards.iter().map(|g| self.believe(g)).collect();
             self.work(&guards.iter().collect::<Vec<_>>(), work).await;
             Ok::<_, volcano::Error>(ended)
@@ -264,9 +263,7 @@ impl Ctx {
             Ok(held) => held,
             Err(err) => return self.failed("hold_all", &err),
         };
-        let set = held.set();
-        let guards: Vec<LockGuard> = set.keys().filter_map(|k| set.guard(k)).cloned().collect();
-        self.whole_set(guards.len(), all.len());
+        let guards = self.whole_set(&held.set(), all.len());
         let ended: Vec<_> = guards.iter().map(|g| self.believe(g)).collect();
         self.work(&guards.iter().collect::<Vec<_>>(), work).await;
         if one_in(coin, 3) {
