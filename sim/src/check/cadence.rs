@@ -125,14 +125,7 @@ pub(super) fn waiters(run: &Run<'_>, out: &mut Vec<String>) {
             continue;
         };
         // The wait ends with its operation's first outcome, or its deadline.
-        let ended = events[i + 1..].iter().find(|later| match &later.event {
-            Event::Believes { client: c, .. }
-            | Event::Leased { client: c, .. }
-            | Event::Note { client: c, .. }
-            | Event::StepEnded { client: c }
-            | Event::Crashed { client: c } => c == client,
-            _ => false,
-        });
+        let ended = run.outcome_after(i, *client);
         let mut end = ended.map_or(*until, |ended| ended.at.min(*until));
         let allowed = poll.mul_f64(1.1) + PAUSE_SLACK;
         // When the waiter last heard an answer it does not pause on

@@ -29,13 +29,7 @@ pub(super) fn waits(run: &Run<'_>, out: &mut Vec<String>) {
         if *how == Waiting::Campaign {
             continue;
         }
-        let ended = events[i + 1..].iter().find(|later| match &later.event {
-            Event::Believes { client: c, .. }
-            | Event::Leased { client: c, .. }
-            | Event::Note { client: c, .. }
-            | Event::StepEnded { client: c } => c == client,
-            _ => false,
-        });
+        let ended = run.outcome_after(i, *client);
         // Failed with an error that says "try again" (the key held, a
         // 429, a 5xx, no answer) before the deadline: it gave up early.
         let gave_up = ended.filter(|ended| {

@@ -69,14 +69,8 @@ pub(super) fn renewed(run: &Run<'_>, out: &mut Vec<String>) {
                 && a.sent >= sent
                 && a.sent <= b.to
         });
-        let host = format!("client-{}", b.client);
-        let jumped = run.events.iter().any(|e| {
-            e.at + Duration::from_secs(1) >= sent
-                && e.at <= b.to
-                && matches!(&e.event, Event::Fault { what }
-                    if (what.starts_with("suspend of ") || what.starts_with("stall of "))
-                        && what.contains(&host))
-        });
+        let jumped =
+            run.lease_clock_moved(b.client, sent.saturating_sub(Duration::from_secs(1)), b.to);
         if !renewal_sent && !jumped {
             out.push(format!(
                 "never renewed: client {}'s guard on {} (fence {}, ttl {ttl:?}) held from {:?} \
@@ -145,13 +139,7 @@ pub(super) fn schedule(run: &Run<'_>, out: &mut Vec<String>) {
         let (mut earliest, mut sent, mut heard) = (first_sent, grant.sent, answer.at);
         let (mut retrying, mut refused) = (false, false);
         for first in renewals {
-            let suspended = run.events.iter().any(|e| {
-                e.at >= earliest
-                    && e.at <= first.sent
-                    && matches!(&e.event, Event::Fault { what }
-                        if (what.starts_with("suspend of ") || what.starts_with("stall of "))
-                            && super::recovery::touches(what, grant.client))
-            });
+            let suspended = run.lease_clock_moved(grant.client, earliest, first.sent);
             let deadline = sent + ttl;
             let left = (earliest + ttl).saturating_sub(heard);
             // The guard times its lease from what the server granted,
@@ -230,13 +218,11 @@ pub(super) fn schedule(run: &Run<'_>, out: &mut Vec<String>) {
                 && b.to > latest
         });
         let Some(b) = stopped else { continue };
-        let suspended = run.events.iter().any(|e| {
-            e.at + Duration::from_secs(1) >= earliest
-                && e.at <= b.to
-                && matches!(&e.event, Event::Fault { what }
-                    if (what.starts_with("suspend of ") || what.starts_with("stall of "))
-                        && super::recovery::touches(what, grant.client))
-        });
+        let suspended = run.lease_clock_moved(
+            grant.client,
+            earliest.saturating_sub(Duration::from_secs(1)),
+            b.to,
+        );
         if !suspended {
             out.push(format!(
                 "stopped renewing: client {}'s guard on {} (fence {fence}, ttl {ttl:?}) last \

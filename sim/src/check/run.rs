@@ -78,6 +78,33 @@ impl<'a> Run<'a> {
         }
     }
 
+    /// Whether `client`'s lease clock was moved on in `[from, to]`: its
+    /// host suspended, or a leader's term on it stalled.
+    pub(super) fn lease_clock_moved(&self, client: usize, from: Duration, to: Duration) -> bool {
+        self.events.iter().any(|e| {
+            e.at >= from
+                && e.at <= to
+                && matches!(&e.event, Event::Fault { what }
+                    if (what.starts_with("suspend of ") || what.starts_with("stall of "))
+                        && super::recovery::touches(what, client))
+        })
+    }
+
+    /// The first outcome of `client`'s operation after the event at
+    /// `index`: a belief, a lease, a note, the step's end or a crash.
+    pub(super) fn outcome_after(&self, index: usize, client: usize) -> Option<&'a Stamped> {
+        self.events[index + 1..]
+            .iter()
+            .find(|later| match &later.event {
+                Event::Believes { client: c, .. }
+                | Event::Leased { client: c, .. }
+                | Event::Note { client: c, .. }
+                | Event::StepEnded { client: c }
+                | Event::Crashed { client: c } => *c == client,
+                _ => false,
+            })
+    }
+
     /// The sim time at which the server's clock read `at`.
     pub(super) fn sim_time(&self, at: DateTime<Utc>) -> Duration {
         sim_time(self.server, &self.jumps, at)
