@@ -108,6 +108,9 @@ pub enum Sabotage {
     /// A guard renews once, then never again: it expires at its second
     /// deadline.
     RenewsOnce,
+    /// An at-risk episode never ends when a renewal succeeds: the guard
+    /// says it is at risk until the lock ends.
+    RiskNeverClears,
 }
 
 thread_local! {

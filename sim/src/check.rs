@@ -9,8 +9,11 @@
 //! behind and what `shutdown` reports (`check/leaks.rs`), a freed key
 //! going to a waiter (`check/recovery.rs`), deadlines kept
 //! (`check/deadlines.rs`), renewals on their schedule
-//! (`check/renewal.rs`), the protocol's single retry and waiters that
-//! keep trying (`check/cadence.rs`). It also measures the belief margin
+//! (`check/renewal.rs`), the early warning following them
+//! (`check/risk.rs`), capped leaders making way (`check/leader.rs`),
+//! options given at once reaching the wire (`check/asked.rs`), the
+//! protocol's single retry and waiters that keep trying
+//! (`check/cadence.rs`). It also measures the belief margin
 //! of every loss (`check/margin.rs`).
 
 use std::collections::BTreeSet;
@@ -19,14 +22,17 @@ use std::time::Duration;
 use self::run::Run;
 use crate::log::{Event, Stamped};
 
+mod asked;
 mod cadence;
 mod deadlines;
+mod leader;
 mod leaks;
 mod linear;
 mod margin;
 mod observe;
 mod recovery;
 mod renewal;
+mod risk;
 mod run;
 mod safety;
 mod truth;
@@ -73,6 +79,9 @@ pub(crate) fn all(
     cadence::waiters(&run, out);
     renewal::schedule(&run, out);
     renewal::lost_on_refusal(&run, out);
+    risk::follows_renewals(&run, out);
+    leader::makes_way(&run, out);
+    asked::options_reach_the_wire(&run, out);
     (violations, margin::of_losses(&run))
 }
 

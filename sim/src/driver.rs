@@ -216,16 +216,22 @@ impl Driver {
         let mut op = ops[self.rng.random_range(0..ops.len())];
         let times = self.rng.random_range(1..=3);
         let (fault, kind) = match self.rng.random_range(0..8) {
-            // A release, a renewal or an acquire refused for good (a
-            // rotated or revoked key): a refused release leaves the lease
-            // until its ttl, and `shutdown` must say so; a refused renewal
-            // loses the lock; a refused acquire ends its wait.
+            // A release, a renewal, an acquire or a look refused for good
+            // (a rotated or revoked key; a look also a 400 or 404): a
+            // refused release leaves the lease until its ttl, and
+            // `shutdown` must say so; a refused renewal loses the lock; a
+            // refused acquire ends its wait, a refused look an observer's
+            // stream.
             5 => {
-                let status = if self.rng.random_bool(0.5) { 401 } else { 403 };
-                let (refused, what) = match self.rng.random_range(0..3) {
+                let mut status = if self.rng.random_bool(0.5) { 401 } else { 403 };
+                let (refused, what) = match self.rng.random_range(0..4) {
                     0 => (Operation::Release, "refused-release"),
                     1 => (Operation::Renew, "refused-renewal"),
-                    _ => (Operation::Acquire, "refused-acquire"),
+                    2 => (Operation::Acquire, "refused-acquire"),
+                    _ => {
+                        status = [400, 401, 403, 404][self.rng.random_range(0..4)];
+                        (Operation::Get, "refused-look")
+                    }
                 };
                 op = refused;
                 (Fault::status(status), format!("{what} {status}"))

@@ -39,6 +39,8 @@ pub(crate) enum Event {
         accepted: bool,
         /// What the guard said was left of its lease then.
         remaining: Duration,
+        /// Whether it said it was at risk then (`None`: it was lost).
+        at_risk: Option<bool>,
     },
     /// A guard broke its own contract (a wrong `ttl()`, say).
     Contract { client: usize, what: String },
@@ -82,6 +84,15 @@ pub(crate) enum Event {
         client: usize,
         key: String,
         fence: Option<i64>,
+    },
+    /// A hold was given its options all at once (`AcquireOptions`): its
+    /// acquire goes under this request id, each attempt given up within
+    /// `timeout` if one was set.
+    Asked {
+        client: usize,
+        key: String,
+        request_id: String,
+        timeout: Option<Duration>,
     },
     /// A fault the driver injected.
     Fault { what: String },

@@ -83,6 +83,7 @@ fn parse() -> Result<Args, String> {
                     "renews-too-late" => Sabotage::RenewsTooLate,
                     "renewal-retries-conflict" => Sabotage::RenewalRetriesConflict,
                     "renews-once" => Sabotage::RenewsOnce,
+                    "risk-never-clears" => Sabotage::RiskNeverClears,
                     other => return Err(format!("unknown sabotage {other:?}")),
                 }
             }

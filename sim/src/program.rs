@@ -27,7 +27,10 @@ use crate::log::{Event, Log};
 use crate::net::{SimNetwork, PORT, SERVER};
 
 mod ctx;
+mod observing;
 mod op;
+mod own;
+mod sets;
 mod steps;
 
 pub(crate) use self::ctx::Gate;

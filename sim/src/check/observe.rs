@@ -7,7 +7,8 @@
 //! of the same fence. Liveness: every fence an answer showed the observer
 //! was reported (a takeover is never missed), and the observer looked
 //! again within its poll interval after an answer, within two after a
-//! failure (a minute more after a 429), until its step ended.
+//! failure (a minute more after a 429), until its step ended or a look
+//! was refused (400, 401, 403, 404: the stream ends there).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -139,8 +140,15 @@ pub(super) fn told_right(run: &Run<'_>, out: &mut Vec<String>) {
     }
 }
 
+/// Whether a look was refused for good: another would be too.
+fn refused(look: &crate::net::Attempt) -> bool {
+    look.answer
+        .as_ref()
+        .is_some_and(|a| matches!(a.status, 400 | 401 | 403 | 404))
+}
+
 /// Every fence an answer showed the observer was reported, and it kept
-/// looking at its cadence.
+/// looking at its cadence, until a look was refused.
 pub(super) fn kept_looking(run: &Run<'_>, out: &mut Vec<String>) {
     for w in windows(run) {
         let looks: Vec<_> = run
@@ -182,7 +190,23 @@ pub(super) fn kept_looking(run: &Run<'_>, out: &mut Vec<String>) {
             None => look.sent + TIMEOUT + 2 * w.poll + SLACK,
         };
         let mut last = None;
-        for look in &looks {
+        for (i, look) in looks.iter().enumerate() {
+            // A refusal (400, 401, 403, 404) ends the stream: no look
+            // after it, and none due.
+            if refused(look) {
+                if let Some(again) = looks.get(i + 1) {
+                    out.push(format!(
+                        "observe: client {} looked at {} again at {:?} after a look was refused \
+                         ({:?})",
+                        w.client,
+                        w.key,
+                        again.sent,
+                        look.answer.as_ref().map(|a| a.status)
+                    ));
+                }
+                last = None;
+                break;
+            }
             if let Some(due) = last {
                 if look.sent > due {
                     out.push(format!(

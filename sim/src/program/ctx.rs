@@ -26,6 +26,9 @@ impl Gate {
     }
 }
 
+/// How long the work pauses between writes.
+const PAUSE: Duration = Duration::from_millis(700);
+
 /// What an operation needs.
 pub(super) struct Ctx {
     pub(super) id: usize,
@@ -74,6 +77,14 @@ impl Ctx {
             client: self.id,
             what: format!("{what}: {err}"),
             try_again: Some(err.is_transient() || err.is_lock_held()),
+        });
+    }
+
+    /// Logs that an API broke its own contract.
+    pub(super) fn broken(&self, what: String) {
+        self.log.push(Event::Contract {
+            client: self.id,
+            what,
         });
     }
 
@@ -163,7 +174,9 @@ impl Ctx {
         let (log, client, guard) = (self.log.clone(), self.id, guard.clone());
         let (done, ended) = tokio::sync::oneshot::channel();
         tokio::task::spawn_local(async move {
+            keeps_its_word(&log, client, &guard, &key).await;
             guard.lost().await;
+            keeps_its_word(&log, client, &guard, &key).await;
             if let Some(status) = status {
                 // The candidate's task wakes on the same loss: let it run.
                 for _ in 0..4 {
@@ -229,8 +242,9 @@ impl Ctx {
         while tokio::time::Instant::now() < end && !any_lost() {
             for guard in guards {
                 let lease = guard.lease();
-                self.keeps_its_word(guard, lease.key()).await;
+                keeps_its_word(&self.log, self.id, guard, lease.key()).await;
                 let remaining = guard.remaining();
+                let at_risk = (!guard.is_lost()).then(|| guard.at_risk().is_some());
                 let accepted = self.gate.write(lease.key(), lease.fencing_token());
                 self.log.push(Event::Wrote {
                     client: self.id,
@@ -238,13 +252,32 @@ impl Ctx {
                     fence: lease.fencing_token(),
                     accepted,
                     remaining,
+                    at_risk,
                 });
+            }
+            // One guard waits with `wait_lost`, which must agree with
+            // `is_lost()` when it returns (also when its host's suspend
+            // ran the deadline out with no task awake to mark it); several
+            // with `lost()`.
+            if let [guard] = guards {
+                let said = guard.wait_lost(PAUSE).await;
+                if said != guard.is_lost() {
+                    self.log.push(Event::Contract {
+                        client: self.id,
+                        what: format!(
+                            "wait_lost({PAUSE:?}) on {} returned {said}, is_lost() {}",
+                            guard.key(),
+                            !said
+                        ),
+                    });
+                }
+                continue;
             }
             let lost = guards.iter().map(|g| Box::pin(g.lost()));
             tokio::select! {
                 biased;
                 _ = futures_any(lost) => {}
-                () = tokio::time::sleep(Duration::from_millis(700)) => {}
+                () = tokio::time::sleep(PAUSE) => {}
             }
         }
     }
@@ -267,74 +300,55 @@ impl Ctx {
             });
         }
     }
+}
 
-    /// A held set has a guard for every key asked for, and says of each
-    /// what its guard says: its fence, and whether it is lost.
-    pub(super) fn whole_set(&self, set: &volcano::LockSet, asked: usize) -> Vec<LockGuard> {
-        let guards: Vec<LockGuard> = set.keys().filter_map(|k| set.guard(k)).cloned().collect();
-        let mut broken = Vec::new();
-        if guards.len() != asked {
+/// What a guard says about itself agrees with itself: its key, and
+/// `is_lost()`, `wait_lost(0)`, `failure()` and `remaining()`; and an
+/// early warning its key, its time left and its cause. Checked while it
+/// holds and again once it is lost.
+async fn keeps_its_word(log: &Log, client: usize, guard: &LockGuard, key: &str) {
+    let mut broken = Vec::new();
+    if guard.key() != key {
+        broken.push(format!("key() is {:?}, its lease's {key:?}", guard.key()));
+    }
+    let lost = guard.is_lost();
+    if guard.wait_lost(Duration::ZERO).await != lost {
+        broken.push(format!("wait_lost(0) disagrees with is_lost() ({lost})"));
+    }
+    if lost && guard.failure().is_none() {
+        broken.push("is_lost() without a failure()".to_owned());
+    }
+    if !lost && guard.remaining().is_zero() {
+        broken.push("remaining() is zero while not lost".to_owned());
+    }
+    if let Some(risk) = guard.at_risk() {
+        if risk.key() != key {
+            broken.push(format!("at_risk() names {:?}, not {key:?}", risk.key()));
+        }
+        if guard.is_lost() {
+            broken.push(format!("at_risk() while lost: {risk}"));
+        }
+        if !risk.cause().is_transient() && !matches!(risk.cause(), Error::InvalidResponse(_)) {
+            broken.push(format!("at risk for an answer that is a refusal: {risk}"));
+        }
+        if risk.remaining() > guard.ttl() {
+            broken.push(format!("at risk with more than its ttl left: {risk}"));
+        }
+        // Its time left is to the local deadline; the guard's own may end
+        // sooner, at its cap.
+        if risk.remaining() < guard.remaining() {
             broken.push(format!(
-                "a held set lists {} keys with guards; {asked} were asked for",
-                guards.len()
+                "at risk with {:?} left while the guard says {:?}",
+                risk.remaining(),
+                guard.remaining()
             ));
         }
-        for guard in &guards {
-            let fence = guard.lease().fencing_token();
-            if set.fencing_token(guard.key()) != Some(fence) {
-                broken.push(format!(
-                    "a held set says {:?} for {}'s fence; its guard says {fence}",
-                    set.fencing_token(guard.key()),
-                    guard.key()
-                ));
-            }
+        if !risk.to_string().contains(key) {
+            broken.push(format!("at risk, said without its key: {risk}"));
         }
-        if set.is_lost() && !guards.iter().any(LockGuard::is_lost) {
-            broken.push("a held set is lost while none of its guards is".to_owned());
-        }
-        for what in broken {
-            self.log.push(Event::Contract {
-                client: self.id,
-                what,
-            });
-        }
-        guards
     }
-
-    /// What a guard says about itself agrees with itself: its key, and
-    /// `is_lost()`, `wait_lost(0)` and `failure()`.
-    async fn keeps_its_word(&self, guard: &LockGuard, key: &str) {
-        let mut broken = Vec::new();
-        if guard.key() != key {
-            broken.push(format!("key() is {:?}, its lease's {key:?}", guard.key()));
-        }
-        let lost = guard.is_lost();
-        if guard.wait_lost(Duration::ZERO).await != lost {
-            broken.push(format!("wait_lost(0) disagrees with is_lost() ({lost})"));
-        }
-        if lost && guard.failure().is_none() {
-            broken.push("is_lost() without a failure()".to_owned());
-        }
-        if let Some(risk) = guard.at_risk() {
-            if risk.key() != key {
-                broken.push(format!("at_risk() names {:?}, not {key:?}", risk.key()));
-            }
-            if guard.is_lost() {
-                broken.push(format!("at_risk() while lost: {risk}"));
-            }
-            if !risk.cause().is_transient() && !matches!(risk.cause(), Error::InvalidResponse(_)) {
-                broken.push(format!("at risk for an answer that is a refusal: {risk}"));
-            }
-            if risk.remaining() > guard.ttl() {
-                broken.push(format!("at risk with more than its ttl left: {risk}"));
-            }
-        }
-        for what in broken {
-            self.log.push(Event::Contract {
-                client: self.id,
-                what,
-            });
-        }
+    for what in broken {
+        log.push(Event::Contract { client, what });
     }
 }
 

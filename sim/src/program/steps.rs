@@ -7,9 +7,9 @@ use std::time::Duration;
 
 use volcano::LockGuard;
 
-use super::ctx::{futures_all, Ctx};
+use super::ctx::Ctx;
 use super::op::{
-    campaign, max_hold_for, min_hold_for, one_in, poll_for, timeout_for, uuid_from, wait_for, Op,
+    campaign, max_hold_for, min_hold_for, one_in, poll_for, timeout_for, wait_for, Op,
 };
 use crate::log::Event;
 
@@ -37,43 +37,6 @@ impl Ctx {
             Op::OwnToken => self.own_token(&key, ttl, wait, work, coin).await,
             Op::ForceRelease => self.force_release(key).await,
             Op::Observe => self.observe(&key, work, coin).await,
-        }
-    }
-
-    /// Observes `key` for a few times the step's work, logging each
-    /// change; the checks judge each against the server's journal, and
-    /// the observer's looks against its poll interval.
-    async fn observe(&self, key: &str, work: Duration, coin: u64) {
-        let (span, poll) = (campaign(work), poll_for(coin));
-        let until = turmoil::sim_elapsed().unwrap_or_default() + span;
-        self.log.push(Event::Observing {
-            client: self.id,
-            key: key.to_owned(),
-            until,
-            poll,
-        });
-        let mut changes = self.locks.observe(key).poll_interval(poll);
-        let deadline = tokio::time::sleep(span);
-        tokio::pin!(deadline);
-        loop {
-            let item = tokio::select! {
-                biased;
-                item = changes.next() => item,
-                () = &mut deadline => break,
-            };
-            match item {
-                Some(Ok(change)) => self.log.push(Event::Observed {
-                    client: self.id,
-                    key: key.to_owned(),
-                    kind: change.kind().as_str(),
-                    fence: change.state().fencing_token(),
-                    before: change
-                        .previous()
-                        .and_then(|s| s.fencing_token().zip(s.expires_at())),
-                }),
-                Some(Err(err)) => self.note(format!("observe {key}: {err}")),
-                None => break,
-            }
         }
     }
 
@@ -139,27 +102,6 @@ impl Ctx {
         }
     }
 
-    /// Works inside a `with_locks` scope over every key.
-    async fn with_locks(
-        &self,
-        all: &[String],
-        ttl: Duration,
-        wait: Duration,
-        work: Duration,
-        coin: u64,
-    ) {
-        let scope = self.locks.with_locks(all.to_vec(), ttl, |set| async move {
-            let guards = self.whole_set(&set, all.len());
-            let ended: Vec<_> = guards.iter().map(|g| self.believe(g)).collect();
-            self.work(&guards.iter().collect::<Vec<_>>(), work).await;
-            Ok::<_, volcano::Error>(ended)
-        });
-        match scope.wait(wait).poll_interval(poll_for(coin)).await {
-            Ok(ended) => futures_all(ended).await,
-            Err(err) => self.failed("with_locks", &err),
-        }
-    }
-
     /// Force-releases `key`, whoever holds it.
     async fn force_release(&self, key: String) {
         match self.locks.force_release(&key).await {
@@ -174,7 +116,7 @@ impl Ctx {
     /// Works under a held lock, then releases it, or (a third of the time)
     /// drops it to the background release; at times it gives up the lock
     /// first (`mark_lost`), which must end the belief as `Marked`.
-    async fn use_held(&self, held: volcano::HeldLock, work: Duration, coin: u64) {
+    pub(super) async fn use_held(&self, held: volcano::HeldLock, work: Duration, coin: u64) {
         let ended = self.believe(&held);
         self.work(&[&*held], work).await;
         if one_in(coin, 11) {
@@ -220,91 +162,6 @@ impl Ctx {
             hold = hold.timeout(timeout_for(coin));
         }
         hold.await
-    }
-
-    /// Frees whatever lease `token` may hold on `key` (release is
-    /// idempotent), trying again while the failure is transient.
-    async fn release_own(&self, key: &str, token: String) {
-        let orphan = volcano::LockLease::new(key, token, chrono::DateTime::UNIX_EPOCH, 0);
-        for _ in 0..4 {
-            match self.locks.release(&orphan).await {
-                Err(err) if err.is_transient() => {
-                    self.note(format!("release {key} of own token failed, again: {err}"));
-                    tokio::time::sleep(Duration::from_millis(500)).await;
-                }
-                Err(err) => {
-                    self.kept(key, None);
-                    return self.note(format!("release {key} of own token: {err}"));
-                }
-                Ok(()) => return self.released(key, Ok(())),
-            }
-        }
-        self.kept(key, None);
-    }
-
-    /// Every key at once, then released (or dropped).
-    async fn hold_all(
-        &self,
-        all: &[String],
-        ttl: Duration,
-        wait: Duration,
-        work: Duration,
-        coin: u64,
-    ) {
-        let mut hold = self
-            .locks
-            .hold_all(all.to_vec(), ttl)
-            .wait(wait)
-            .poll_interval(poll_for(coin));
-        if one_in(coin, 4) {
-            hold = hold.max_hold(max_hold_for(coin));
-        }
-        let held = match hold.await {
-            Ok(held) => held,
-            Err(err) => return self.failed("hold_all", &err),
-        };
-        let guards = self.whole_set(&held.set(), all.len());
-        let ended: Vec<_> = guards.iter().map(|g| self.believe(g)).collect();
-        self.work(&guards.iter().collect::<Vec<_>>(), work).await;
-        if one_in(coin, 3) {
-            drop(held);
-        } else if let Err(err) = held.release().await {
-            self.note(format!("release of all: {err}"));
-        }
-        futures_all(ended).await;
-    }
-
-    /// A hold under the program's own token, released or dropped. A
-    /// failure, or the program dropping it (see [`Ctx::recover_own`]), is
-    /// recovered the documented way: hold again with the same token
-    /// (idempotent: it gets back the lease if it is still ours), then
-    /// release.
-    async fn own_token(&self, key: &str, ttl: Duration, wait: Duration, work: Duration, coin: u64) {
-        let token = uuid_from(coin);
-        let hold = self.locks.hold(key, ttl).token(token.clone()).wait(wait);
-        match hold.poll_interval(poll_for(coin)).await {
-            Ok(held) => self.use_held(held, work, coin).await,
-            Err(err) => {
-                self.failed(&format!("hold {key} with own token"), &err);
-                self.recover_own(key, token, ttl).await;
-            }
-        }
-    }
-
-    /// After an abandoned or failed hold under `token`: holds again with
-    /// it, without waiting, works a little if that got the lease back,
-    /// and releases whatever the token may hold.
-    pub(super) async fn recover_own(&self, key: &str, token: String, ttl: Duration) {
-        match self.locks.hold(key, ttl).token(token.clone()).await {
-            Ok(held) => {
-                let ended = self.believe(&held);
-                self.work(&[&*held], Duration::from_secs(1)).await;
-                self.released(key, held.release().await);
-                ended.await;
-            }
-            Err(err) => self.note(format!("recovering {key} with own token: {err}")),
-        }
-        self.release_own(key, token).await;
     }
 
     /// A waiting acquire, a renew and a release, by hand.
@@ -364,8 +221,17 @@ impl Ctx {
         // A quarter of the candidates run terms that stall past their
         // lock (a blocking call, a GC pause) after some work.
         let stalls = one_in(coin >> 20, 4);
-        let until = tokio::time::sleep(campaign(work));
-        let leader = self.locks.leader(key, ttl).until(until);
+        // Half of them cap each term (`max_hold`): after a capped
+        // term the leader makes way for about a poll interval, then
+        // campaigns again.
+        let cap = one_in(coin >> 50, 2).then(|| max_hold_for(coin >> 7));
+        let span = campaign(work);
+        let began = tokio::time::Instant::now();
+        let leader = self.locks.leader(key, ttl).until(tokio::time::sleep(span));
+        let leader = match cap {
+            Some(cap) => leader.max_hold(cap),
+            None => leader,
+        };
         let status = leader.status();
         let health = leader.health();
         let (watched, health) = (&status, &health);
@@ -390,8 +256,18 @@ impl Ctx {
                 ),
             });
         }
-        if let Err(err) = result {
-            self.note(format!("leader {key}: {err}"));
+        match result {
+            // Ended early without an error: it stopped campaigning
+            // before its `until`.
+            Ok(()) if began.elapsed() < span => self.log.push(Event::Contract {
+                client: self.id,
+                what: format!(
+                    "leader on {key}: run returned Ok after {:?}, before its until ({span:?})",
+                    began.elapsed()
+                ),
+            }),
+            Ok(()) => {}
+            Err(err) => self.note(format!("leader {key}: {err}")),
         }
     }
 }

@@ -59,6 +59,9 @@ impl Risk {
     /// The episode, if one is under way, ends: a renewal succeeded
     /// (`renewed`), or the lock ended.
     pub(crate) fn clear(&self, key: &str, renewed: bool) {
+        if renewed && sabotaged!(RiskNeverClears) {
+            return;
+        }
         let ended = crate::lock_unpoisoned(&self.cause).take().is_some();
         if ended {
             if renewed {

@@ -1,0 +1,150 @@
+//! Observing a key (`locks.observe`): every change is logged for the
+//! checks to judge against the server's journal, and what the stream and
+//! each change say about themselves is checked as it comes.
+
+use std::time::Duration;
+
+use volcano::{ChangeKind, Error, LockChange, LockState};
+
+use super::ctx::Ctx;
+use super::op::{campaign, poll_for};
+use crate::log::Event;
+
+/// Every kind's name.
+const KINDS: [&str; 7] = [
+    "initial",
+    "acquired",
+    "renewed",
+    "taken_over",
+    "released",
+    "expired",
+    "ended",
+];
+
+impl Ctx {
+    /// Observes `key` for a few times the step's work, logging each
+    /// change; the checks judge each against the server's journal, and
+    /// the observer's looks against its poll interval.
+    pub(super) async fn observe(&self, key: &str, work: Duration, coin: u64) {
+        let (span, poll) = (campaign(work), poll_for(coin));
+        let until = turmoil::sim_elapsed().unwrap_or_default() + span;
+        self.log.push(Event::Observing {
+            client: self.id,
+            key: key.to_owned(),
+            until,
+            poll,
+        });
+        let mut changes = self.locks.observe(key).poll_interval(poll);
+        if changes.key() != key {
+            self.broken(format!("observe({key:?}).key() is {:?}", changes.key()));
+        }
+        let mut last: Option<LockState> = None;
+        // Whether the last failed look was refused for good (`None`: no
+        // look failed yet).
+        let mut ended_by: Option<bool> = None;
+        let deadline = tokio::time::sleep(span);
+        tokio::pin!(deadline);
+        loop {
+            let item = tokio::select! {
+                biased;
+                item = changes.next() => item,
+                () = &mut deadline => break,
+            };
+            match item {
+                Some(Ok(change)) => {
+                    self.says_right(&change, last.as_ref(), key);
+                    // Its next look is due within the poll interval.
+                    let next = changes.next_look_in();
+                    if next.is_zero() || next > poll {
+                        self.broken(format!(
+                            "observe {key}: after a change, next_look_in() is {next:?} (poll {poll:?})"
+                        ));
+                    }
+                    self.log.push(Event::Observed {
+                        client: self.id,
+                        key: key.to_owned(),
+                        kind: change.kind().as_str(),
+                        fence: change.state().fencing_token(),
+                        before: change
+                            .previous()
+                            .and_then(|s| s.fencing_token().zip(s.expires_at())),
+                    });
+                    last = Some(change.state().clone());
+                    ended_by = None;
+                }
+                Some(Err(err)) => {
+                    ended_by = Some(matches!(
+                        err,
+                        Error::Validation(_)
+                            | Error::Authentication(_)
+                            | Error::NotFound(_)
+                            | Error::InvalidArgument(_)
+                    ));
+                    self.note(format!("observe {key}: {err}"));
+                }
+                // The stream ends only after a failure another look
+                // would not mend.
+                None => {
+                    if ended_by != Some(true) {
+                        self.broken(format!(
+                            "observe {key}: the stream ended after {ended_by:?} (a refusal: Some(true))"
+                        ));
+                    }
+                    break;
+                }
+            }
+        }
+    }
+
+    /// What a change says of itself: its key; its kind by name; a
+    /// previous state exactly when it is not the first, the one the last
+    /// change showed (answers in between changed nothing); and the time
+    /// its holder had left, by the service's clock.
+    fn says_right(&self, change: &LockChange, last: Option<&LockState>, key: &str) {
+        let kind = change.kind();
+        if change.key() != key {
+            self.broken(format!(
+                "a change of {key} says its key is {:?}",
+                change.key()
+            ));
+        }
+        if !KINDS.contains(&kind.as_str()) || kind.to_string() != kind.as_str() {
+            self.broken(format!(
+                "a change's kind is named {:?} ({kind})",
+                kind.as_str()
+            ));
+        }
+        let first = kind == ChangeKind::Initial;
+        if first != change.previous().is_none() {
+            self.broken(format!(
+                "a {kind} change of {key} has previous() {:?}",
+                change.previous().map(LockState::fencing_token)
+            ));
+        }
+        let shown = |s: &LockState| (s.held(), s.fencing_token(), s.expires_at());
+        if let (Some(previous), Some(last)) = (change.previous(), last) {
+            if shown(previous) != shown(last) {
+                self.broken(format!(
+                    "a {kind} change of {key}: previous() shows {:?}, the last change {:?}",
+                    shown(previous),
+                    shown(last)
+                ));
+            }
+        }
+        let left = change
+            .state()
+            .expires_at()
+            .filter(|_| change.state().held())
+            .map(|at| (at - change.observed_at()).to_std().unwrap_or_default());
+        let off = match (change.remaining(), left) {
+            (Some(said), Some(left)) => said.abs_diff(left) > Duration::from_secs(1),
+            (said, left) => said.is_some() != left.is_some(),
+        };
+        if off {
+            self.broken(format!(
+                "a {kind} change of {key} says {:?} left; its expiry is {left:?} after its answer",
+                change.remaining()
+            ));
+        }
+    }
+}
