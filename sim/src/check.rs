@@ -59,6 +59,7 @@ pub(crate) fn all(
     safety::fences(&run, out);
     safety::within_lease(&run, out);
     leaks::undone(&run, out);
+    leaks::no_needless_undo(&run, out);
     leaks::at_end(&run, out);
     leaks::reported_at_shutdown(&run, out);
     recovery::after_crash(&run, out);
@@ -81,6 +82,7 @@ pub(crate) fn all(
     renewal::lost_on_refusal(&run, out);
     risk::follows_renewals(&run, out);
     leader::makes_way(&run, out);
+    leader::says_unreachable(&run, out);
     asked::options_reach_the_wire(&run, out);
     (violations, margin::of_losses(&run))
 }

@@ -94,6 +94,20 @@ pub(crate) enum Event {
         request_id: String,
         timeout: Option<Duration>,
     },
+    /// A program chose its own token for `key` (known here by a hash):
+    /// it releases that token by hand, whatever became of its acquire.
+    OwnToken {
+        client: usize,
+        key: String,
+        token_hash: u64,
+    },
+    /// A leader's status changed (as a watcher of it saw, at once):
+    /// `leading`, `following`, `unreachable` or `stopped`.
+    LeaderSays {
+        client: usize,
+        key: String,
+        status: &'static str,
+    },
     /// A fault the driver injected.
     Fault { what: String },
     /// The server clock jumped by `by` (excuses beliefs that span it).
@@ -167,6 +181,15 @@ impl Log {
     fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Stamped>> {
         crate::lock(&self.0)
     }
+}
+
+/// A token as the log knows it: a hash, not the secret.
+pub(crate) fn token_hash(token: &str) -> u64 {
+    use std::hash::{Hash, Hasher};
+    // SipHash with fixed keys: the same in every run.
+    let mut hasher = std::collections::hash_map::DefaultHasher::new();
+    token.hash(&mut hasher);
+    hasher.finish()
 }
 
 /// The trace: one line per event, `seconds.millis event`.

@@ -22,11 +22,12 @@ use rand::{Rng, SeedableRng};
 use volcano::Client;
 
 use self::ctx::Ctx;
-use self::op::{uuid_from, Op, DRAWS};
+use self::op::{poll_for, uuid_from, Op, DRAWS};
 use crate::log::{Event, Log};
 use crate::net::{SimNetwork, PORT, SERVER};
 
 mod ctx;
+mod lead;
 mod observing;
 mod op;
 mod own;
@@ -110,7 +111,7 @@ impl Program {
                     key: key.clone(),
                     until,
                     how: op.waiting(),
-                    poll: op.poll(coin),
+                    poll: poll_for(coin),
                 });
             }
             let step = ctx.step(op, key.clone(), ttl, work, coin, &self.keys);

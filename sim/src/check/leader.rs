@@ -1,7 +1,8 @@
-//! Leaders with capped terms (`max_hold`) share the key: after a term
-//! ends by its cap, its leader campaigns again no sooner than its poll
-//! interval, the time every other candidate takes to try. A leader that
-//! campaigns again at once wins every time and the cap shares nothing.
+//! Leaders: capped terms (`max_hold`) share the key, after a term ends
+//! by its cap, its leader campaigns again no sooner than its poll
+//! interval, the time every other candidate takes to try (a leader that
+//! campaigns again at once wins every time and the cap shares nothing);
+//! and a leader's status says whether the service answers its campaign.
 
 use std::time::Duration;
 
@@ -9,6 +10,7 @@ use volcano_mock_server::Operation;
 
 use super::run::Run;
 use crate::log::{Event, Waiting};
+use crate::net::Attempt;
 
 /// Leeway: a tick or two of the simulation.
 const SLACK: Duration = Duration::from_millis(60);
@@ -59,6 +61,124 @@ pub(super) fn makes_way(run: &Run<'_>, out: &mut Vec<String>) {
                 "leader did not make way: client {client}'s term on {key} ended by its cap at \
                  {:?}, and it campaigned again at {:?}, sooner than its poll interval ({poll:?})",
                 e.at, next.sent
+            ));
+        }
+    }
+}
+
+/// When an attempt's end came, and its status (`None`: no answer).
+fn ended(a: &Attempt) -> Option<(Duration, Option<u16>)> {
+    match (&a.answer, a.failed) {
+        (Some(o), _) => Some((o.at, Some(o.status))),
+        (None, Some(failed)) => Some((failed, None)),
+        (None, None) => None,
+    }
+}
+
+/// How long after its first attempt failed the single retry is sent, at
+/// most (at once; a new try waits a ramp step, far longer).
+const AT_ONCE: Duration = Duration::from_millis(20);
+
+/// The tries of a campaign's acquire attempts (sent in order): when each
+/// ended and whether the service answered it about the lock
+/// (`Some(true)`: a status under 500, to a first attempt; a 409 or a
+/// grant to the retry), or not (`Some(false)`: no answer or a 5xx, to
+/// the last attempt), or cannot be told (`None`: a retry after a failed
+/// connection answered 429 or a refusal, or one after any other failure:
+/// the first attempt's outcome stands or not, by how the first failed).
+fn tries(attempts: &[&Attempt]) -> Vec<(Duration, Option<bool>)> {
+    let mut out = Vec::new();
+    let mut k = 0;
+    while k < attempts.len() {
+        let Some((end, status)) = ended(attempts[k]) else {
+            k += 1;
+            continue;
+        };
+        let retry = attempts.get(k + 1).filter(|next| {
+            next.request_id == attempts[k].request_id
+                && matches!(status, None | Some(503))
+                && next.sent <= end + AT_ONCE
+        });
+        match retry.and_then(|r| ended(r)) {
+            Some((end, status)) => {
+                let answered = match status {
+                    Some(200..=299 | 409) => Some(true),
+                    None | Some(500..) => Some(false),
+                    Some(_) => None,
+                };
+                out.push((end, answered));
+                k += 2;
+            }
+            None if retry.is_some() => k += 2,
+            None => {
+                out.push((end, Some(status.is_some_and(|s| s < 500))));
+                k += 1;
+            }
+        }
+    }
+    out
+}
+
+/// A leader says it is unreachable when its campaign's tries go
+/// unanswered, and stops saying so once one is answered: a tick after a
+/// try ends (when no other attempt ended meanwhile), an unanswered one
+/// leaves it not following, an answered one not unreachable.
+pub(super) fn says_unreachable(run: &Run<'_>, out: &mut Vec<String>) {
+    for (i, e) in run.events.iter().enumerate() {
+        let Event::Waits {
+            client,
+            key,
+            how: Waiting::Campaign,
+            ..
+        } = &e.event
+        else {
+            continue;
+        };
+        let step_ended = run.events[i..]
+            .iter()
+            .find(|later| matches!(later.event, Event::StepEnded { client: c } if c == *client))
+            .map_or(Duration::MAX, |later| later.at);
+        // What the status said, and from when, within the step.
+        let says: Vec<(Duration, &str)> = run.events[i..]
+            .iter()
+            .take_while(|later| later.at <= step_ended)
+            .filter_map(|later| match &later.event {
+                Event::LeaderSays {
+                    client: c,
+                    key: k,
+                    status,
+                } if c == client && k == key => Some((later.at, *status)),
+                _ => None,
+            })
+            .collect();
+        let said_at = |t: Duration| says.iter().rev().find(|(at, _)| *at <= t).map(|(_, s)| *s);
+        let attempts: Vec<&Attempt> = run
+            .server
+            .sent
+            .attempts
+            .iter()
+            .filter(|a| a.client == *client && a.key == *key && a.operation == Operation::Acquire)
+            .filter(|a| a.sent >= e.at && a.sent < step_ended)
+            .collect();
+        let ends: Vec<Duration> = attempts
+            .iter()
+            .filter_map(|a| ended(a))
+            .map(|(t, _)| t)
+            .collect();
+        for (at, answered) in tries(&attempts) {
+            let then = at + SLACK;
+            if then >= step_ended || ends.iter().any(|t| *t > at && *t <= then) {
+                continue;
+            }
+            let wrong = match (answered, said_at(then)) {
+                (Some(true), Some("unreachable")) => "an answered try",
+                (Some(false), Some("following")) => "an unanswered try",
+                _ => continue,
+            };
+            out.push(format!(
+                "leader status: client {client}'s campaign on {key} said {:?} at {then:?}, after \
+                 {wrong} ended at {at:?}",
+                said_at(then).unwrap_or_default()
             ));
         }
     }

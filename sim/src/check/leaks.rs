@@ -288,3 +288,51 @@ pub(super) fn reported_at_shutdown(run: &Run<'_>, out: &mut Vec<String>) {
         }
     }
 }
+
+/// No release is sent for nothing: an SDK's own token is released only
+/// if one of its acquire attempts may have been applied (a grant, a 5xx,
+/// no answer, or no end seen). An undo after tries the service refused
+/// (409, 429, 4xx) frees nothing and spends the project's quota. The
+/// programs' own tokens are theirs to release by hand, and are not
+/// judged.
+pub(super) fn no_needless_undo(run: &Run<'_>, out: &mut Vec<String>) {
+    let own: BTreeSet<u64> = run
+        .events
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::OwnToken { token_hash, .. } => Some(*token_hash),
+            _ => None,
+        })
+        .collect();
+    let attempts = &run.server.sent.attempts;
+    let mut judged: BTreeSet<&str> = BTreeSet::new();
+    for release in attempts
+        .iter()
+        .filter(|a| a.operation == Operation::Release)
+    {
+        let Some(token) = release.token.as_deref() else {
+            continue;
+        };
+        if own.contains(&crate::log::token_hash(token)) || !judged.insert(token) {
+            continue;
+        }
+        let acquires: Vec<_> = attempts
+            .iter()
+            .filter(|a| a.operation == Operation::Acquire && a.token.as_deref() == Some(token))
+            .collect();
+        let may_have_applied = |a: &&crate::net::Attempt| match &a.answer {
+            Some(o) => o.status < 300 || o.status >= 500,
+            None => true,
+        };
+        if !acquires.is_empty() && !acquires.iter().any(may_have_applied) {
+            out.push(format!(
+                "needless undo: client {} released a token on {} at {:?} whose every acquire \
+                 attempt ({}) was refused",
+                release.client,
+                release.key,
+                release.sent,
+                acquires.len()
+            ));
+        }
+    }
+}

@@ -27,7 +27,7 @@ impl Gate {
 }
 
 /// How long the work pauses between writes.
-const PAUSE: Duration = Duration::from_millis(700);
+pub(super) const PAUSE: Duration = Duration::from_millis(700);
 
 /// What an operation needs.
 pub(super) struct Ctx {

@@ -116,15 +116,6 @@ impl Op {
             | Op::Observe => Waiting::Acquire,
         }
     }
-
-    /// At most how long apart the operation tries, once its ramp has
-    /// grown: a leader campaigns with the default interval.
-    pub(super) fn poll(self, coin: u64) -> Duration {
-        match self {
-            Op::Leader => Duration::from_secs(10),
-            _ => poll_for(coin),
-        }
-    }
 }
 
 /// How long a leader campaigns (and so waits for its key): a few times

@@ -45,6 +45,11 @@ impl Ctx {
         coin: u64,
     ) {
         let token = uuid_from(coin);
+        self.log.push(Event::OwnToken {
+            client: self.id,
+            key: key.to_owned(),
+            token_hash: crate::log::token_hash(&token),
+        });
         let poll = poll_for(coin);
         let hold = self.locks.hold(key, ttl);
         let hold = if one_in(coin >> 11, 2) {

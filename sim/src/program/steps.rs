@@ -5,12 +5,8 @@
 
 use std::time::Duration;
 
-use volcano::LockGuard;
-
 use super::ctx::Ctx;
-use super::op::{
-    campaign, max_hold_for, min_hold_for, one_in, poll_for, timeout_for, wait_for, Op,
-};
+use super::op::{max_hold_for, min_hold_for, one_in, poll_for, timeout_for, wait_for, Op};
 use crate::log::Event;
 
 impl Ctx {
@@ -190,84 +186,5 @@ impl Ctx {
             self.kept(key, Some(lease.fencing_token()));
         }
         self.released(key, released);
-    }
-
-    /// Leader election for a while: each term writes through the gate.
-    /// A term that keeps its thread past its lock: the lease clock moves
-    /// on by more than a ttl within one poll (as a blocking call or a GC
-    /// pause would), and the term, still running, asks its leader's health,
-    /// which must say it is overdue.
-    fn stall(&self, term: &LockGuard, health: &volcano::LeaderHealth, ttl: Duration) {
-        if term.is_lost() {
-            return;
-        }
-        let by = ttl + Duration::from_secs(1);
-        self.log.push(Event::Fault {
-            what: format!("stall of client-{}'s term for {by:?}", self.id),
-        });
-        self.clock.advance(by);
-        if health.overdue().is_none() {
-            self.log.push(Event::Contract {
-                client: self.id,
-                what: format!(
-                    "a term on {} stalled {by:?} past its lock, and its leader's health says nothing",
-                    term.lease().key()
-                ),
-            });
-        }
-    }
-
-    async fn lead(&self, key: &str, ttl: Duration, work: Duration, coin: u64) {
-        // A quarter of the candidates run terms that stall past their
-        // lock (a blocking call, a GC pause) after some work.
-        let stalls = one_in(coin >> 20, 4);
-        // Half of them cap each term (`max_hold`): after a capped
-        // term the leader makes way for about a poll interval, then
-        // campaigns again.
-        let cap = one_in(coin >> 50, 2).then(|| max_hold_for(coin >> 7));
-        let span = campaign(work);
-        let began = tokio::time::Instant::now();
-        let leader = self.locks.leader(key, ttl).until(tokio::time::sleep(span));
-        let leader = match cap {
-            Some(cap) => leader.max_hold(cap),
-            None => leader,
-        };
-        let status = leader.status();
-        let health = leader.health();
-        let (watched, health) = (&status, &health);
-        let result = leader
-            .run(|term| async move {
-                let ended = self.believe_term(&term, Some((watched.clone(), health.clone())));
-                if stalls {
-                    self.work(&[&term], work / 2).await;
-                    self.stall(&term, health, ttl);
-                }
-                self.work(&[&term], Duration::from_secs(3600)).await;
-                ended.await;
-                Ok::<_, volcano::Error>(())
-            })
-            .await;
-        if *status.borrow() != volcano::LeaderStatus::Stopped {
-            self.log.push(Event::Contract {
-                client: self.id,
-                what: format!(
-                    "leader on {key}: run returned while its status says {:?}",
-                    *status.borrow()
-                ),
-            });
-        }
-        match result {
-            // Ended early without an error: it stopped campaigning
-            // before its `until`.
-            Ok(()) if began.elapsed() < span => self.log.push(Event::Contract {
-                client: self.id,
-                what: format!(
-                    "leader on {key}: run returned Ok after {:?}, before its until ({span:?})",
-                    began.elapsed()
-                ),
-            }),
-            Ok(()) => {}
-            Err(err) => self.note(format!("leader {key}: {err}")),
-        }
     }
 }
