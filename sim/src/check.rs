@@ -66,6 +66,7 @@ pub(crate) fn all(
     recovery::after_release(&run, out);
     truth::releases(&run, out);
     truth::successes(&run, out);
+    truth::takeovers(&run, out);
     safety::remaining(&run, out);
     deadlines::waits(&run, out);
     safety::no_write_after_loss(&run, out);

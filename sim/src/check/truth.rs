@@ -159,3 +159,81 @@ pub(super) fn backoff(run: &Run<'_>, out: &mut Vec<String>) {
         }
     }
 }
+
+/// What a release that found another token holding the lock says: taken
+/// over (`LockLost`, the work since not covered) when its first attempt
+/// was answered 409 while the lease was still ours by its guard's clock
+/// (a second to spare, the host's lease clock not moved meanwhile); a
+/// conflict (nothing of ours left) when a later attempt was.
+pub(super) fn takeovers(run: &Run<'_>, out: &mut Vec<String>) {
+    let attempts = &run.server.sent.attempts;
+    for (i, a) in attempts.iter().enumerate() {
+        let Some(answer) = a.answer.as_ref().filter(|o| o.status == 409) else {
+            continue;
+        };
+        if a.operation != Operation::Release {
+            continue;
+        }
+        let said = run.events.iter().find_map(|e| match &e.event {
+            Event::Note { client, what, .. } if *client == a.client && e.at == answer.at => what
+                .strip_prefix(&format!("release of {}: ", a.key))
+                .map(|rest| rest.to_owned()),
+            _ => None,
+        });
+        let Some(said) = said else { continue };
+        let first = !attempts[..i].iter().any(|b| b.request_id == a.request_id);
+        // The guard's belief, ended by this release, and its time left at
+        // its last write.
+        let ended_released = |b: &&super::run::Belief| {
+            run.events.iter().any(|e| {
+                e.at == b.to
+                    && matches!(&e.event, Event::Ended { client, key, fence, why }
+                        if *client == b.client && *key == b.key && *fence == b.fence && why == "Released")
+            })
+        };
+        let belief = run.beliefs.iter().find(|b| {
+            b.client == a.client
+                && b.key == a.key
+                && b.to <= a.sent
+                && b.to + Duration::from_millis(60) >= a.sent
+                && ended_released(b)
+        });
+        let left = belief.and_then(|b| {
+            run.events.iter().rev().find_map(|e| match &e.event {
+                Event::Wrote {
+                    client,
+                    key,
+                    fence,
+                    remaining,
+                    ..
+                } if *client == b.client && *key == b.key && *fence == b.fence && e.at <= b.to => {
+                    Some(e.at + *remaining)
+                }
+                _ => None,
+            })
+        });
+        let ours = left.is_some_and(|deadline| {
+            answer.at + Duration::from_secs(1) < deadline
+                && !run.lease_clock_moved(
+                    a.client,
+                    a.sent.saturating_sub(Duration::from_secs(1)),
+                    answer.at,
+                )
+        });
+        let taken = said.contains("another token held the lock when it was released");
+        if first && ours && !taken {
+            out.push(format!(
+                "takeover unsaid: client {}'s release of {} was answered 409 at {:?} to its first \
+                 attempt while the lease was still its own, and the call said: {said}",
+                a.client, a.key, answer.at
+            ));
+        }
+        if !first && taken {
+            out.push(format!(
+                "takeover claimed: client {}'s release of {} was answered 409 at {:?} to a later \
+                 attempt (the lease may have lapsed meanwhile), and the call said it was taken over",
+                a.client, a.key, answer.at
+            ));
+        }
+    }
+}

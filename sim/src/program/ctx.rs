@@ -259,25 +259,32 @@ impl Ctx {
             // `is_lost()` when it returns (also when its host's suspend
             // ran the deadline out with no task awake to mark it); several
             // with `lost()`.
-            if let [guard] = guards {
+            // A wait that says "lost" when nothing is, or ends early
+            // saying it is not, breaks its word: the work stops there.
+            let paused = tokio::time::Instant::now();
+            let broken = if let [guard] = guards {
                 let said = guard.wait_lost(PAUSE).await;
-                if said != guard.is_lost() {
-                    self.log.push(Event::Contract {
-                        client: self.id,
-                        what: format!(
-                            "wait_lost({PAUSE:?}) on {} returned {said}, is_lost() {}",
-                            guard.key(),
-                            !said
-                        ),
-                    });
+                (said != guard.is_lost() || (!said && paused.elapsed() < PAUSE)).then(|| {
+                    format!(
+                        "wait_lost({PAUSE:?}) on {} returned {said} after {:?}; is_lost() is {}",
+                        guard.key(),
+                        paused.elapsed(),
+                        guard.is_lost()
+                    )
+                })
+            } else {
+                let lost = guards.iter().map(|g| Box::pin(g.lost()));
+                tokio::select! {
+                    biased;
+                    _ = futures_any(lost) => (!any_lost()).then(|| {
+                        "lost() resolved while no guard is_lost()".to_owned()
+                    }),
+                    () = tokio::time::sleep(PAUSE) => None,
                 }
-                continue;
-            }
-            let lost = guards.iter().map(|g| Box::pin(g.lost()));
-            tokio::select! {
-                biased;
-                _ = futures_any(lost) => {}
-                () = tokio::time::sleep(PAUSE) => {}
+            };
+            if let Some(what) = broken {
+                self.broken(what);
+                break;
             }
         }
     }
