@@ -75,6 +75,7 @@ pub(crate) fn all(
     linear::check(&run, out);
     observe::told_right(&run, out);
     observe::kept_looking(&run, out);
+    observe::sees_expiry(&run, out);
     renewal::renewed(&run, out);
     cadence::acquire_retries(&run, out);
     cadence::acquire_retried(&run, out);

@@ -86,7 +86,11 @@ const AT_ONCE: Duration = Duration::from_millis(20);
 /// the last attempt), or cannot be told (`None`: a retry after a failed
 /// connection answered 429 or a refusal, or one after any other failure:
 /// the first attempt's outcome stands or not, by how the first failed).
+/// Tries whose attempts took more than a second are left out.
 fn tries(attempts: &[&Attempt]) -> Vec<(Duration, Option<bool>)> {
+    // Only an attempt that ended within a second of being sent: a late
+    // answer can come after its client gave up on it.
+    let ended = |a: &Attempt| ended(a).filter(|(end, _)| *end <= a.sent + Duration::from_secs(1));
     let mut out = Vec::new();
     let mut k = 0;
     while k < attempts.len() {

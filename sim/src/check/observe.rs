@@ -226,3 +226,131 @@ pub(super) fn kept_looking(run: &Run<'_>, out: &mut Vec<String>) {
         }
     }
 }
+
+/// How late past a lease's expiry an observer may report that it ended:
+/// the service's second of grace and the observer's look after it
+/// (1.1 s), its spread (0.5 s), a round trip and a tick.
+const SEEN_GONE_WITHIN: Duration = Duration::from_millis(2_000);
+
+/// The longest round trip of a look on an undisturbed stretch.
+const QUICK: Duration = Duration::from_millis(200);
+
+/// An expiry is told from a release, promptly: a lease that a regular
+/// look showed at least 2.5 s before its expiry, and that then ran out
+/// (not renewed, not released), is reported ended as `expired` (or
+/// `taken_over`, when another took it before the look after the grace)
+/// within
+/// [`SEEN_GONE_WITHIN`] of its expiry, when nothing disturbed the stretch
+/// (no fault on the observer's host or on looks, no server clock jump,
+/// from a second before the look until then; every look in it answered
+/// within [`QUICK`]: a slow link delays every look). A look is regular when it came at
+/// least 0.9 of the poll interval after the answer before it (or was the
+/// first): a look at a lease's last moments that found it renewed spends
+/// the next one until a regular look. Judged on exact clocks only.
+pub(super) fn sees_expiry(run: &Run<'_>, out: &mut Vec<String>) {
+    // Its looks are timed on the host's clock: judged on an exact one.
+    if run.clock_rate != 1.0 {
+        return;
+    }
+    let journal = &run.server.journal;
+    for w in windows(run) {
+        let looks: Vec<_> = run
+            .server
+            .sent
+            .attempts
+            .iter()
+            .filter(|a| a.client == w.client && a.key == w.key && a.operation == Operation::Get)
+            .filter(|a| a.sent >= w.from && a.sent <= w.to)
+            .collect();
+        let mut judged = Vec::new();
+        for (n, look) in looks.iter().enumerate() {
+            let regular = n == 0
+                || looks[n - 1].answer.as_ref().is_some_and(|prev| {
+                    look.sent + Duration::from_millis(50) >= prev.at + w.poll.mul_f64(0.9)
+                });
+            let Some(seen) = journal.iter().find(|r| {
+                r.request_id.as_deref() == Some(look.request_id.as_str()) && r.status == Some(200)
+            }) else {
+                continue;
+            };
+            let (Some(fence), Some(expiry)) = (seen.fencing_token, seen.expires_at) else {
+                continue;
+            };
+            if !regular || judged.contains(&(fence, expiry)) {
+                continue;
+            }
+            let expires = run.sim_time(expiry);
+            let due = expires + SEEN_GONE_WITHIN;
+            if expires < run.sim_time(seen.at) + Duration::from_millis(2_500) || due >= w.to {
+                continue;
+            }
+            // It ran out: nothing renewed, released or took the key
+            // before its grace ended.
+            let grace_end = expiry + chrono::TimeDelta::seconds(1);
+            let touched = journal.iter().any(|r| {
+                r.key == w.key
+                    && r.at > seen.at
+                    && r.at < grace_end
+                    && matches!(
+                        (r.operation, r.status),
+                        (Operation::Renew, Some(200))
+                            | (Operation::Release | Operation::ForceRelease, Some(204))
+                            | (Operation::Acquire, Some(201))
+                    )
+            });
+            let from = look.sent.saturating_sub(Duration::from_secs(1));
+            let disturbed = run.events.iter().any(|e| {
+                e.at >= from
+                    && e.at <= due
+                    && match &e.event {
+                        Event::Fault { what } => {
+                            super::recovery::touches(what, w.client) || what.contains("on Get")
+                        }
+                        Event::ServerJump { .. } => true,
+                        Event::Crashed { client } => *client == w.client,
+                        _ => false,
+                    }
+            }) || looks.iter().any(|l| {
+                l.sent >= look.sent
+                    && l.sent <= due
+                    && l.answer
+                        .as_ref()
+                        .is_none_or(|a| a.status != 200 || a.at > l.sent + QUICK)
+            });
+            if touched || disturbed {
+                continue;
+            }
+            judged.push((fence, expiry));
+            let reported = run.events.iter().find(|e| {
+                e.at > look.sent
+                    && matches!(&e.event, Event::Observed { client, key, before: Some((old, _)), kind, .. }
+                        if *client == w.client && key == w.key && *old == fence && *kind != "renewed")
+            });
+            match reported {
+                Some(e)
+                    if e.at <= due
+                        && matches!(&e.event, Event::Observed { kind, .. }
+                            if *kind == "expired" || *kind == "taken_over") => {}
+                Some(e) => out.push(format!(
+                    "observe: client {} saw {} fence {fence} at {:?} (a regular look), it expired \
+                     at {expires:?} undisturbed, and the observer reported {:?} at {:?} (due as \
+                     expired by {due:?})",
+                    w.client,
+                    w.key,
+                    look.sent,
+                    match &e.event {
+                        Event::Observed { kind, .. } => *kind,
+                        _ => "",
+                    },
+                    e.at
+                )),
+                None => out.push(format!(
+                    "observe: client {} saw {} fence {fence} at {:?} (a regular look), it expired \
+                     at {expires:?} undisturbed, and the observer never reported its end (due by \
+                     {due:?})",
+                    w.client, w.key, look.sent
+                )),
+            }
+        }
+    }
+}

@@ -122,6 +122,24 @@ impl Ctx {
             ));
         }
         let shown = |s: &LockState| (s.held(), s.fencing_token(), s.expires_at());
+        // Each kind is the change it names.
+        if let Some(previous) = change.previous() {
+            let (was, now) = (shown(previous), shown(change.state()));
+            let fits = match kind {
+                ChangeKind::Acquired => !was.0 && now.0,
+                ChangeKind::Renewed => was.0 && now.0 && was.1 == now.1 && was.2 != now.2,
+                ChangeKind::TakenOver => was.0 && now.0 && was.1 != now.1,
+                ChangeKind::Released | ChangeKind::Expired | ChangeKind::Ended => was.0 && !now.0,
+                _ => true,
+            };
+            if !fits {
+                self.broken(format!(
+                    "a change of {key} called {kind} went from {:?} to {:?}",
+                    (was.0, was.1),
+                    (now.0, now.1)
+                ));
+            }
+        }
         if let (Some(previous), Some(last)) = (change.previous(), last) {
             if shown(previous) != shown(last) {
                 self.broken(format!(
