@@ -67,6 +67,7 @@ pub(crate) fn all(
     truth::releases(&run, out);
     truth::successes(&run, out);
     truth::takeovers(&run, out);
+    truth::force_releases_sent(&run, out);
     safety::remaining(&run, out);
     deadlines::waits(&run, out);
     safety::no_write_after_loss(&run, out);

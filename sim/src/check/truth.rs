@@ -237,3 +237,27 @@ pub(super) fn takeovers(run: &Run<'_>, out: &mut Vec<String>) {
         }
     }
 }
+
+/// A force-release that reported success sent its request: a
+/// `ForceRelease` of the key from its client went out before it
+/// returned.
+pub(super) fn force_releases_sent(run: &Run<'_>, out: &mut Vec<String>) {
+    for e in run.events {
+        let Event::Forced { client, key } = &e.event else {
+            continue;
+        };
+        let sent = run.server.sent.attempts.iter().any(|a| {
+            a.client == *client
+                && a.key == *key
+                && a.operation == Operation::ForceRelease
+                && a.sent <= e.at
+        });
+        if !sent {
+            out.push(format!(
+                "force-release: client {client} was told {key} was force-released at {:?}, and \
+                 no request was sent",
+                e.at
+            ));
+        }
+    }
+}

@@ -71,8 +71,13 @@ impl Ctx {
         });
     }
 
-    /// Logs that the operation `what` failed with `err`.
+    /// Logs that the operation `what` failed with `err`. The programs
+    /// pass only valid input: a refusal of it as invalid breaks the API's
+    /// word.
     pub(super) fn failed(&self, what: &str, err: &Error) {
+        if matches!(err, Error::InvalidArgument(_)) {
+            self.broken(format!("{what}: valid input refused: {err}"));
+        }
         self.log.push(Event::Note {
             client: self.id,
             what: format!("{what}: {err}"),

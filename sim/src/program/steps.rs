@@ -81,10 +81,16 @@ impl Ctx {
             self.work(&[&guard], work).await;
             Ok::<_, volcano::Error>((ended, guard))
         });
+        // A quarter of the minimum holds are also the cap: a minimum as
+        // long as the cap is valid.
         let scope = match min_hold {
+            Some(min) if one_in(coin >> 25, 4) => scope.min_hold(min).max_hold(min),
             Some(min) => scope.min_hold(min),
             None => scope,
         };
+        if one_in(coin >> 23, 4) {
+            self.refuses_bad_input(key, ttl).await;
+        }
         match scope.await {
             Ok(Some((ended, guard))) => {
                 let began = *crate::lock(began);
@@ -94,7 +100,59 @@ impl Ctx {
                 ended.await
             }
             Ok(None) => self.note(format!("try_with_lock {key}: held elsewhere")),
-            Err(err) => self.note(format!("try_with_lock {key}: {err}")),
+            Err(err) => self.failed(&format!("try_with_lock {key}"), &err),
+        }
+    }
+
+    /// Bad input gets a clear error and sends nothing: a zero request
+    /// timeout, a cap under a second, a minimum hold past the longest
+    /// lease or past the cap.
+    async fn refuses_bad_input(&self, key: &str, ttl: Duration) {
+        let second = Duration::from_secs(1);
+        let holds = [
+            (
+                "timeout(0)",
+                self.locks.hold(key, ttl).timeout(Duration::ZERO),
+            ),
+            (
+                "max_hold(999 ms)",
+                self.locks
+                    .hold(key, ttl)
+                    .max_hold(second - Duration::from_millis(1)),
+            ),
+        ];
+        for (what, hold) in holds {
+            match hold.await {
+                Err(volcano::Error::InvalidArgument(_)) => {}
+                Ok(held) => {
+                    self.broken(format!("hold {key} with {what} was granted"));
+                    let _ = held.release().await;
+                }
+                Err(err) => self.broken(format!("hold {key} with {what} failed otherwise: {err}")),
+            }
+        }
+        let longest = Duration::from_secs(90 * 86_400);
+        let scopes = [
+            ("min_hold past 90 days", longest + second, None),
+            (
+                "min_hold 5 s past max_hold 2 s",
+                5 * second,
+                Some(2 * second),
+            ),
+        ];
+        for (what, min, max) in scopes {
+            let scope = self
+                .locks
+                .try_with_lock(key, ttl, |_guard| async { Ok::<_, volcano::Error>(()) })
+                .min_hold(min)
+                .set_max_hold(max);
+            match scope.await {
+                Err(volcano::Error::InvalidArgument(_)) => {}
+                other => self.broken(format!(
+                    "try_with_lock {key} with {what} ended {:?}",
+                    other.map_err(|e| e.to_string())
+                )),
+            }
         }
     }
 
