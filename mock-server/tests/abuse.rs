@@ -199,7 +199,7 @@ async fn thousands_of_keys_leave_memory_bounded() {
                         .bearer_auth(&key)
                         .header("x-volcano-request-id", RID)
                         .header("x-volcano-lock-token", RID)
-                        .body(r#"{"ttl_seconds":5}"#)
+                        .body(r#"{"ttl_seconds":60}"#)
                         .send()
                         .await
                         .unwrap();
@@ -211,7 +211,9 @@ async fn thousands_of_keys_leave_memory_bounded() {
             task.await.unwrap();
         }
         assert_eq!(server.lease_count(), KEYS);
-        server.advance(Duration::from_secs(7));
+        // A minute's ttl: creating them all takes seconds on a busy
+        // machine, and none may expire before they are counted.
+        server.advance(Duration::from_secs(62));
         let deadline = Instant::now() + Duration::from_secs(5);
         while server.lease_count() > 0 && Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(50)).await;
