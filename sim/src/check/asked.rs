@@ -27,10 +27,7 @@ pub(super) fn options_reach_the_wire(run: &Run<'_>, out: &mut Vec<String>) {
         else {
             continue;
         };
-        let step_ended = run.events[i..]
-            .iter()
-            .find(|later| matches!(later.event, Event::StepEnded { client: c } if c == *client))
-            .map_or(Duration::MAX, |later| later.at);
+        let step_ended = run.step_ended(i, *client);
         let acquires: Vec<_> = run
             .server
             .sent

@@ -45,10 +45,7 @@ pub(super) fn makes_way(run: &Run<'_>, out: &mut Vec<String>) {
         };
         // Within the campaign: once `until` fires, its step ends and the
         // next step may acquire the key at once.
-        let step_ended = run.events[i..]
-            .iter()
-            .find(|later| matches!(later.event, Event::StepEnded { client: c } if c == *client))
-            .map_or(Duration::MAX, |later| later.at);
+        let step_ended = run.step_ended(i, *client);
         let next = run.server.sent.attempts.iter().find(|a| {
             a.client == *client
                 && a.key == *key
@@ -138,10 +135,7 @@ pub(super) fn says_unreachable(run: &Run<'_>, out: &mut Vec<String>) {
         else {
             continue;
         };
-        let step_ended = run.events[i..]
-            .iter()
-            .find(|later| matches!(later.event, Event::StepEnded { client: c } if c == *client))
-            .map_or(Duration::MAX, |later| later.at);
+        let step_ended = run.step_ended(i, *client);
         // What the status said, and from when, within the step.
         let says: Vec<(Duration, &str)> = run.events[i..]
             .iter()

@@ -93,6 +93,17 @@ fn frees<'a>(run: &'a Run<'_>) -> BTreeMap<(&'a str, i64), DateTime<Utc>> {
     freed
 }
 
+/// The observer's looks within its window, in the order sent.
+fn looks_in<'a>(run: &'a Run<'_>, w: &Window<'_>) -> Vec<&'a crate::net::Attempt> {
+    run.server
+        .sent
+        .attempts
+        .iter()
+        .filter(|a| a.client == w.client && a.key == w.key && a.operation == Operation::Get)
+        .filter(|a| a.sent >= w.from && a.sent <= w.to)
+        .collect()
+}
+
 /// Released and expired told right; a renewal is of the same fence.
 pub(super) fn told_right(run: &Run<'_>, out: &mut Vec<String>) {
     let freed = frees(run);
@@ -151,14 +162,7 @@ fn refused(look: &crate::net::Attempt) -> bool {
 /// looking at its cadence, until a look was refused.
 pub(super) fn kept_looking(run: &Run<'_>, out: &mut Vec<String>) {
     for w in windows(run) {
-        let looks: Vec<_> = run
-            .server
-            .sent
-            .attempts
-            .iter()
-            .filter(|a| a.client == w.client && a.key == w.key && a.operation == Operation::Get)
-            .filter(|a| a.sent >= w.from && a.sent <= w.to)
-            .collect();
+        let looks = looks_in(run, &w);
         let reported: Vec<Option<i64>> = run
             .events
             .iter()
@@ -254,14 +258,7 @@ pub(super) fn sees_expiry(run: &Run<'_>, out: &mut Vec<String>) {
     }
     let journal = &run.server.journal;
     for w in windows(run) {
-        let looks: Vec<_> = run
-            .server
-            .sent
-            .attempts
-            .iter()
-            .filter(|a| a.client == w.client && a.key == w.key && a.operation == Operation::Get)
-            .filter(|a| a.sent >= w.from && a.sent <= w.to)
-            .collect();
+        let looks = looks_in(run, &w);
         let mut judged = Vec::new();
         for (n, look) in looks.iter().enumerate() {
             let regular = n == 0

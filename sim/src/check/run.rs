@@ -106,6 +106,15 @@ impl<'a> Run<'a> {
     }
 
     /// The sim time at which the server's clock read `at`.
+    /// When `client`'s operation under way at event `i` ended (its next
+    /// [`Event::StepEnded`]); `Duration::MAX` if it never did.
+    pub(super) fn step_ended(&self, i: usize, client: usize) -> Duration {
+        self.events[i..]
+            .iter()
+            .find(|later| matches!(later.event, Event::StepEnded { client: c } if c == client))
+            .map_or(Duration::MAX, |later| later.at)
+    }
+
     pub(super) fn sim_time(&self, at: DateTime<Utc>) -> Duration {
         sim_time(self.server, &self.jumps, at)
     }
