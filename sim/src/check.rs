@@ -13,8 +13,11 @@
 //! (`check/risk.rs`), capped leaders making way (`check/leader.rs`),
 //! options given at once reaching the wire (`check/asked.rs`), the
 //! protocol's single retry and waiters that keep trying
-//! (`check/cadence.rs`). It also measures the belief margin
-//! of every loss (`check/margin.rs`).
+//! (`check/cadence.rs`), a waiter's ramp and its look at a holder's
+//! expiry (`check/aim.rs`), an observer's looks on its schedule
+//! (`check/thrift.rs`), renewals retried and given up only when the
+//! window closes, with the right reason (`check/giveup.rs`). It also
+//! measures the belief margin of every loss (`check/margin.rs`).
 
 use std::collections::BTreeSet;
 use std::time::Duration;
@@ -22,9 +25,11 @@ use std::time::Duration;
 use self::run::Run;
 use crate::log::{Event, Stamped};
 
+mod aim;
 mod asked;
 mod cadence;
 mod deadlines;
+mod giveup;
 mod leader;
 mod leaks;
 mod linear;
@@ -35,6 +40,7 @@ mod renewal;
 mod risk;
 mod run;
 mod safety;
+mod thrift;
 mod truth;
 
 pub(crate) use self::run::Server;
@@ -77,12 +83,19 @@ pub(crate) fn all(
     observe::told_right(&run, out);
     observe::kept_looking(&run, out);
     observe::sees_expiry(&run, out);
+    thrift::thrifty(&run, out);
+    thrift::looks_at_last_moments(&run, out);
     renewal::renewed(&run, out);
     cadence::acquire_retries(&run, out);
     cadence::acquire_retried(&run, out);
     cadence::waiters(&run, out);
+    aim::paced(&run, out);
+    aim::looks_at_the_takeover(&run, out);
     renewal::schedule(&run, out);
     renewal::lost_on_refusal(&run, out);
+    giveup::gives_up_last(&run, out);
+    giveup::no_safe_window(&run, out);
+    giveup::retries_renewal(&run, out);
     risk::follows_renewals(&run, out);
     leader::makes_way(&run, out);
     leader::says_unreachable(&run, out);

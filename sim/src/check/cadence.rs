@@ -96,6 +96,80 @@ pub(super) fn acquire_retries(run: &Run<'_>, out: &mut Vec<String>) {
     }
 }
 
+/// One waiting acquire: whose, for which key, from when (its `Waits`
+/// event) until its end (its deadline, or its operation's first outcome,
+/// whichever came first), at what poll interval, and its requests: its
+/// tries (one request id) and its looks (gets), in the order sent.
+pub(super) struct AcquireWait<'a> {
+    pub(super) client: usize,
+    pub(super) key: &'a str,
+    pub(super) from: Duration,
+    pub(super) end: Duration,
+    pub(super) poll: Duration,
+    pub(super) requests: Vec<&'a Attempt>,
+}
+
+/// Every waiting acquire that sent a try.
+pub(super) fn acquire_waits<'a>(run: &Run<'a>) -> Vec<AcquireWait<'a>> {
+    let attempts = &run.server.sent.attempts;
+    let mut out = Vec::new();
+    for (i, e) in run.events.iter().enumerate() {
+        let Event::Waits {
+            client,
+            key,
+            until,
+            how: Waiting::Acquire,
+            poll,
+        } = &e.event
+        else {
+            continue;
+        };
+        let ended = run.outcome_after(i, *client);
+        let end = ended.map_or(*until, |ended| ended.at.min(*until));
+        let ours = |a: &&Attempt| a.client == *client && a.key == *key && a.sent >= e.at;
+        let Some(first) = attempts
+            .iter()
+            .filter(ours)
+            .find(|a| a.operation == Operation::Acquire)
+        else {
+            continue;
+        };
+        let requests = attempts
+            .iter()
+            .filter(ours)
+            .filter(|a| a.request_id == first.request_id || a.operation == Operation::Get)
+            .collect();
+        out.push(AcquireWait {
+            client: *client,
+            key,
+            from: e.at,
+            end,
+            poll: *poll,
+            requests,
+        });
+    }
+    out
+}
+
+/// Whether `client` freed `key` (a release or a force-release answered
+/// 204) between `from` and `to`: a waiter may then try at once.
+pub(super) fn freed_between(
+    run: &Run<'_>,
+    client: usize,
+    key: &str,
+    from: Duration,
+    to: Duration,
+) -> bool {
+    run.server.sent.attempts.iter().any(|r| {
+        r.client == client
+            && r.key == key
+            && matches!(r.operation, Operation::Release | Operation::ForceRelease)
+            && r.answer
+                .as_ref()
+                .is_some_and(|o| o.status == 204 && o.at >= from && o.at <= to)
+    })
+}
+
 /// How much later than its pause allows a waiter's next request may go
 /// out: a tick or two of the simulation, and the answer's processing.
 const PAUSE_SLACK: Duration = Duration::from_millis(150);
@@ -112,54 +186,24 @@ const PAUSE_SLACK: Duration = Duration::from_millis(150);
 /// spins, or waits through a revoked key passes every safety check: this
 /// catches them.
 pub(super) fn waiters(run: &Run<'_>, out: &mut Vec<String>) {
-    let events = run.events;
-    for (i, e) in events.iter().enumerate() {
-        let Event::Waits {
+    for w in acquire_waits(run) {
+        let AcquireWait {
             client,
             key,
-            until,
-            how: Waiting::Acquire,
+            from,
+            mut end,
             poll,
-        } = &e.event
-        else {
-            continue;
-        };
-        // The wait ends with its operation's first outcome, or its deadline.
-        let ended = run.outcome_after(i, *client);
-        let mut end = ended.map_or(*until, |ended| ended.at.min(*until));
+            requests: sent,
+        } = w;
+        let poll = &poll;
         let allowed = poll.mul_f64(1.1) + PAUSE_SLACK;
         // When the waiter last heard an answer it does not pause on
         // (`None`: one it may pause on for longer, or none), and whether
         // that was a look that found the key held.
-        let mut heard = Some(e.at);
+        let mut heard = Some(from);
         let mut held_seen = false;
-        let attempts = &run.server.sent.attempts;
-        let ours = |a: &&Attempt| a.client == *client && a.key == *key && a.sent >= e.at;
-        // Its tries share one request id; its looks are gets.
-        let Some(first) = attempts
-            .iter()
-            .filter(ours)
-            .find(|a| a.operation == Operation::Acquire)
-        else {
-            continue;
-        };
-        let sent = attempts
-            .iter()
-            .filter(ours)
-            .filter(|a| a.request_id == first.request_id || a.operation == Operation::Get);
-        // Its client's releases of the key, by when they were answered:
-        // one that freed the key lets the waiter try at once.
-        let freed_between = |from: Duration, to: Duration| {
-            attempts.iter().any(|r| {
-                r.client == *client
-                    && r.key == *key
-                    && matches!(r.operation, Operation::Release | Operation::ForceRelease)
-                    && r.answer
-                        .as_ref()
-                        .is_some_and(|o| o.status == 204 && o.at >= from && o.at <= to)
-            })
-        };
-        let mut previous_sent = e.at;
+        let freed_between = |a: Duration, b: Duration| freed_between(run, client, key, a, b);
+        let mut previous_sent = from;
         // A refusal for good (400, 401, 403, 404) ends the wait.
         let mut refused: Option<(u16, Duration)> = None;
         let mut last_try: Option<&Attempt> = None;

@@ -27,17 +27,17 @@ const TIMEOUT: Duration = Duration::from_secs(10);
 const MAX_PAUSE: Duration = Duration::from_secs(60);
 
 /// One observation: who, which key, from when to when, how often.
-struct Window<'a> {
-    client: usize,
-    key: &'a str,
-    from: Duration,
-    to: Duration,
-    poll: Duration,
+pub(super) struct Window<'a> {
+    pub(super) client: usize,
+    pub(super) key: &'a str,
+    pub(super) from: Duration,
+    pub(super) to: Duration,
+    pub(super) poll: Duration,
 }
 
 /// Every observer's window, ended by its `until`, its step's end or its
 /// host's crash, whichever came first.
-fn windows<'a>(run: &'a Run<'_>) -> Vec<Window<'a>> {
+pub(super) fn windows<'a>(run: &'a Run<'_>) -> Vec<Window<'a>> {
     let mut out = Vec::new();
     for (i, e) in run.events.iter().enumerate() {
         let Event::Observing {
@@ -94,7 +94,7 @@ fn frees<'a>(run: &'a Run<'_>) -> BTreeMap<(&'a str, i64), DateTime<Utc>> {
 }
 
 /// The observer's looks within its window, in the order sent.
-fn looks_in<'a>(run: &'a Run<'_>, w: &Window<'_>) -> Vec<&'a crate::net::Attempt> {
+pub(super) fn looks_in<'a>(run: &'a Run<'_>, w: &Window<'_>) -> Vec<&'a crate::net::Attempt> {
     run.server
         .sent
         .attempts

@@ -81,6 +81,17 @@ pub(super) fn renewed(run: &Run<'_>, out: &mut Vec<String>) {
     }
 }
 
+/// The longest a guard waits after an answer before its next renewal,
+/// `left` before the deadline (at most): half the ttl when that keeps
+/// 10 s of it for retries, else a third, at most a minute, jittered up
+/// by a tenth at most; never later than 2 s before the deadline.
+fn on_cadence(ttl: Duration, left: Duration) -> Duration {
+    let later = (ttl / 2).min(left.saturating_sub(Duration::from_secs(10)));
+    let base = later.max(ttl / 3).min(Duration::from_secs(60));
+    base.mul_f64(1.1)
+        .min(left.saturating_sub(Duration::from_secs(2)))
+}
+
 /// The longest a single retry can follow its first attempt: a request
 /// timeout (the simulation's 10 s), and a tick.
 const RETRY_WITHIN: Duration = Duration::from_millis(10_100);
@@ -153,6 +164,21 @@ pub(super) fn schedule(run: &Run<'_>, out: &mut Vec<String>) {
                 out.push(format!(
                     "renewed too soon: client {}'s guard on {} (fence {fence}, ttl {ttl:?}) \
                      renewed {:?} after the last answer, at {:?}",
+                    grant.client,
+                    grant.key,
+                    first.sent - heard,
+                    first.sent
+                ));
+            }
+            // On its cadence: half the ttl when that keeps 10 s for
+            // retries, else a third, at most a minute, +10 %; never past
+            // 2 s before the deadline.
+            let cadence = on_cadence(ttl, deadline.saturating_sub(heard)) + SCHEDULE_SLACK;
+            let timed = run.clock_rate == 1.0 && !suspended;
+            if !retrying && timed && first.sent > heard + cadence && first.sent <= latest {
+                out.push(format!(
+                    "renewed late on its cadence: client {}'s guard on {} (fence {fence}, ttl \
+                     {ttl:?}) renewed {:?} after the last answer (due within {cadence:?}), at {:?}",
                     grant.client,
                     grant.key,
                     first.sent - heard,

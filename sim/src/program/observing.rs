@@ -27,6 +27,9 @@ impl Ctx {
     /// the observer's looks against its poll interval.
     pub(super) async fn observe(&self, key: &str, work: Duration, coin: u64) {
         let (span, poll) = (campaign(work), poll_for(coin));
+        if coin % 8 == 5 {
+            self.observe_edges(key).await;
+        }
         let until = turmoil::sim_elapsed().unwrap_or_default() + span;
         self.log.push(Event::Observing {
             client: self.id,
@@ -93,6 +96,39 @@ impl Ctx {
                     break;
                 }
             }
+        }
+    }
+
+    /// A poll interval under 100 ms is refused at the first `next()`,
+    /// which sends nothing, and the stream ends there; one of exactly
+    /// 100 ms is not refused.
+    async fn observe_edges(&self, key: &str) {
+        let least = Duration::from_millis(100);
+        let mut short = self
+            .locks
+            .observe(key)
+            .poll_interval(least - Duration::from_millis(1));
+        match short.next().await {
+            Some(Err(Error::InvalidArgument(_))) => {}
+            other => self.broken(format!(
+                "observe {key} with a 99 ms poll interval: the first item is {:?}",
+                other.map(|item| item.map(|change| change.kind()))
+            )),
+        }
+        if short.next().await.is_some() {
+            self.broken(format!(
+                "observe {key}: the stream went on after a refused poll interval"
+            ));
+        }
+        // (On a key of its own: its look is not one of the observer's.)
+        let mut least = self
+            .locks
+            .observe(format!("{key}-edges"))
+            .poll_interval(least);
+        if let Some(Err(Error::InvalidArgument(err))) = least.next().await {
+            self.broken(format!(
+                "observe {key} with a 100 ms poll interval was refused: {err}"
+            ));
         }
     }
 

@@ -1,0 +1,246 @@
+//! A waiter's aim (DESIGN.md §15, the waiting promise): the ramp paces its
+//! tries, and a holder's expiry it saw gets its look, neither sooner nor
+//! much later.
+//!
+//! The cadence checks (`check/cadence.rs`) bound a waiter by its poll
+//! interval; these bound it by its ramp, which is what makes a release
+//! noticed within 30 % of the time already waited: a waiter a step late,
+//! aiming at the wrong moment, or looking at the holder at every turn
+//! passes the cadence checks and spends the project's quota, or notices
+//! a release late. Judged on exact clocks only (the ramp is timed on the
+//! host's).
+
+use std::time::Duration;
+
+use volcano_mock_server::Operation;
+
+use super::cadence::{acquire_waits, AcquireWait};
+use super::run::Run;
+use crate::log::Event;
+use crate::net::Attempt;
+
+/// The ramp: 30 % of the time waited, at least 300 ms, at most the poll
+/// interval (`retry::wait::ramp` in the SDK).
+fn ramp(waited: Duration, poll: Duration) -> Duration {
+    waited
+        .mul_f64(0.3)
+        .max(Duration::from_millis(300))
+        .min(poll)
+}
+
+/// How much later than its pause a request may go out: a tick or two, and
+/// the answer's processing.
+const LATE: Duration = Duration::from_millis(150);
+/// How much sooner: the simulation's timers fire on ticks.
+const SOON: Duration = Duration::from_millis(5);
+
+/// Whether `client` was touched by a fault (or crashed) in `[from, to]`:
+/// a suspended host's timers fire late.
+pub(super) fn touched(run: &Run<'_>, client: usize, from: Duration, to: Duration) -> bool {
+    run.events.iter().any(|e| {
+        e.at >= from
+            && e.at <= to
+            && match &e.event {
+                Event::Fault { what } => super::recovery::touches(what, client),
+                Event::Crashed { client: c } => *c == client,
+                _ => false,
+            }
+    })
+}
+
+/// The answer a waiter paces its next request from: a try refused with
+/// 409, or a look answered 200 (held, or free).
+fn paces(a: &Attempt) -> Option<(Duration, bool)> {
+    let o = a.answer.as_ref()?;
+    match (a.operation, o.status) {
+        (Operation::Acquire, 409) => Some((o.at, true)),
+        (Operation::Get, 200) => Some((o.at, o.fence.is_some())),
+        _ => None,
+    }
+}
+
+/// The ramp paces a waiting acquire. After a try refused with 409 or a
+/// look, its next request goes within the ramp's step at that moment of
+/// the wait (at most the poll interval, +5 %; +10 % once a 429 made it
+/// poll at the interval); and after an answer that the key is held, its
+/// next try waits at least nine tenths of that step. A waiter a step late
+/// notices a release late; one early spends the quota.
+pub(super) fn paced(run: &Run<'_>, out: &mut Vec<String>) {
+    if run.clock_rate != 1.0 {
+        return;
+    }
+    for w in acquire_waits(run) {
+        let AcquireWait {
+            client,
+            key,
+            from,
+            end,
+            poll,
+            ref requests,
+        } = w;
+        let Some(first) = requests.first() else {
+            continue;
+        };
+        let mut throttled = false;
+        let mut prev: Option<(Duration, bool)> = None;
+        let mut previous_sent = from;
+        for r in requests.iter().take_while(|r| r.sent < end) {
+            if let Some((at, held)) = prev {
+                let step = ramp(at.saturating_sub(from), poll);
+                let latest = if throttled {
+                    poll.mul_f64(1.1)
+                } else if step >= poll {
+                    step.mul_f64(1.05)
+                } else {
+                    step
+                };
+                if r.sent > at + latest + LATE && !touched(run, client, at, r.sent) {
+                    out.push(format!(
+                        "late on the ramp: client {client}'s wait for {key} (poll {poll:?}) was \
+                         answered at {at:?}, {:?} into its wait, and sent its next request only \
+                         at {:?} (due within {latest:?})",
+                        at - from,
+                        r.sent
+                    ));
+                }
+                let least = if throttled {
+                    poll
+                } else {
+                    ramp(at.saturating_sub(first.sent), poll)
+                }
+                .mul_f64(0.9);
+                let early = r.sent + SOON < at + least;
+                // A try cut short by the deadline, or after its client
+                // freed the key (since the request before), may go sooner.
+                let excused = r.sent + Duration::from_millis(20) >= end
+                    || super::cadence::freed_between(run, client, key, previous_sent, r.sent);
+                if held && r.operation == Operation::Acquire && early && !excused {
+                    out.push(format!(
+                        "early on the ramp: client {client}'s wait for {key} (poll {poll:?}) \
+                         was told the key is held at {at:?} and tried again at {:?} (not before \
+                         {:?})",
+                        r.sent,
+                        at + least
+                    ));
+                }
+            }
+            previous_sent = r.sent;
+            let status = r.answer.as_ref().map(|o| o.status);
+            throttled |= status == Some(429);
+            if status == Some(201) {
+                break;
+            }
+            prev = paces(r);
+        }
+    }
+}
+
+/// When a waiter that saw a holder's expiry aims its look: the time left
+/// it read on the server's clock (the expiry less the answer's `Date`, in
+/// whole seconds), from the answer, plus the grace and the look's offset
+/// (1.1 s); then up to [`LOOK_SPREAD`] of spread.
+const TAKEOVER_AFTER: Duration = Duration::from_millis(1_100);
+const LOOK_SPREAD: Duration = Duration::from_millis(500);
+
+/// A holder's expiry gets its look, and no look comes before it. A
+/// waiter's look that showed the key held until `E` sets its aim: the
+/// answer's arrival, plus `E` less the answer's `Date` (the time left on
+/// the server's clock, whole seconds), plus 1.1 s. Its next look comes no
+/// sooner than that aim (a look before it can only say what the waiter
+/// knows); and if nothing renewed, released or took the key by `E` + 1 s
+/// (the grace), the waiter sends a request between then and the aim plus
+/// [`LOOK_SPREAD`], when nothing disturbed the stretch. Not judged
+/// across a server clock jump.
+pub(super) fn looks_at_the_takeover(run: &Run<'_>, out: &mut Vec<String>) {
+    if run.clock_rate != 1.0
+        || run
+            .events
+            .iter()
+            .any(|e| matches!(e.event, Event::ServerJump { .. }))
+    {
+        return;
+    }
+    let journal = &run.server.journal;
+    for w in acquire_waits(run) {
+        let requests: Vec<&Attempt> = w
+            .requests
+            .iter()
+            .copied()
+            .take_while(|r| r.sent < w.end)
+            .collect();
+        let granted = requests
+            .iter()
+            .find_map(|r| r.answer.as_ref().filter(|o| o.status == 201).map(|o| o.at));
+        let end = granted.map_or(w.end, |g| g.min(w.end));
+        for (n, look) in requests.iter().enumerate() {
+            if look.operation != Operation::Get
+                || look.answer.as_ref().is_none_or(|o| o.fence.is_none())
+            {
+                continue;
+            }
+            let Some(seen) = journal.iter().find(|r| {
+                r.request_id.as_deref() == Some(look.request_id.as_str()) && r.status == Some(200)
+            }) else {
+                continue;
+            };
+            let (Some(expiry), Some(answer)) = (seen.expires_at, look.answer.as_ref()) else {
+                continue;
+            };
+            let expires = run.sim_time(expiry);
+            let date = seen.at.timestamp();
+            let left = (expiry - chrono::DateTime::from_timestamp(date, 0).unwrap_or(seen.at))
+                .to_std()
+                .unwrap_or_default();
+            let aim = answer.at + left + TAKEOVER_AFTER;
+            let later = &requests[n + 1..];
+            if let Some(next) = later.iter().find(|r| r.operation == Operation::Get) {
+                if next.sent + SOON < aim {
+                    out.push(format!(
+                        "looked too soon: client {}'s wait for {} saw it held until {expires:?} \
+                         (at {:?}) and looked again at {:?}, before its takeover moment \
+                         ({aim:?})",
+                        w.client, w.key, look.sent, next.sent
+                    ));
+                }
+            }
+            let due = aim + LOOK_SPREAD + LATE;
+            if due >= end {
+                continue;
+            }
+            let grace_end = expiry + chrono::TimeDelta::seconds(1);
+            let freed = journal.iter().any(|r| {
+                r.key == w.key
+                    && r.at > seen.at
+                    && r.at < grace_end
+                    && matches!(
+                        (r.operation, r.status),
+                        (Operation::Renew, Some(200))
+                            | (Operation::Release | Operation::ForceRelease, Some(204))
+                            | (Operation::Acquire, Some(201))
+                    )
+            });
+            let slow = later
+                .iter()
+                .chain(std::iter::once(look))
+                .filter(|r| r.sent <= due)
+                .any(|r| {
+                    r.answer.as_ref().is_none_or(|o| {
+                        o.at > r.sent + Duration::from_millis(200)
+                            || !matches!(o.status, 200 | 201 | 409)
+                    })
+                });
+            if freed || slow || touched(run, w.client, look.sent, due) {
+                continue;
+            }
+            let from = expires + Duration::from_secs(1);
+            if !later.iter().any(|r| r.sent >= from && r.sent <= due) {
+                out.push(format!(
+                    "missed the takeover: client {}'s wait for {} saw it held until \
+                     {expires:?} (at {:?}); it ran out undisturbed, and the waiter sent nothing \
+                     from {from:?} to {due:?}",
+                    w.client, w.key, look.sent
+                ));
+            }
+        }
+    }
+}
