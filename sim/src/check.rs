@@ -79,6 +79,7 @@ pub(crate) fn all(
     safety::no_write_after_loss(&run, out);
     contracts(&run, out);
     truth::backoff(&run, out);
+    truth::release_retries(&run, out);
     linear::check(&run, out);
     observe::told_right(&run, out);
     observe::kept_looking(&run, out);

@@ -60,6 +60,34 @@ pub(super) fn makes_way(run: &Run<'_>, out: &mut Vec<String>) {
                 e.at, next.sent
             ));
         }
+        // ... and no later than 1.2 poll intervals after its term's release
+        // ended (a pause of one to 1.2 intervals), unless its host was
+        // touched meanwhile.
+        let released = run
+            .server
+            .sent
+            .attempts
+            .iter()
+            .filter(|a| {
+                a.client == *client
+                    && a.key == *key
+                    && a.operation == Operation::Release
+                    && a.sent + SLACK >= e.at
+                    && next.is_none_or(|n| a.sent <= n.sent)
+            })
+            .filter_map(|a| ended(a).map(|(end, _)| end))
+            .max();
+        let Some(released) = released else { continue };
+        let due = released + poll.mul_f64(1.2) + SLACK;
+        let touched = super::aim::touched(run, *client, e.at, due);
+        if !touched && due < step_ended && next.is_none_or(|n| n.sent > due) {
+            out.push(format!(
+                "leader kept away: client {client}'s term on {key} ended by its cap at {:?}, its \
+                 release ended at {released:?}, and it had not campaigned again by {due:?} (poll \
+                 {poll:?})",
+                e.at
+            ));
+        }
     }
 }
 

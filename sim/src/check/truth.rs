@@ -160,6 +160,98 @@ pub(super) fn backoff(run: &Run<'_>, out: &mut Vec<String>) {
     }
 }
 
+/// How long a release's next attempt may follow a transient failure: its
+/// backoff's cap (2 s), up to doubled by its jitter, and a tick.
+const RELEASE_RETRY_BY: Duration = Duration::from_millis(4_150);
+
+/// A release retries what may pass and nothing else. An attempt answered
+/// 400, 401, 403, 404 or 409 (another token holds the key, or an earlier
+/// attempt freed it) is its request's last; and an attempt
+/// that got no answer, or a 429 or 5xx, is followed by another of its
+/// request within [`RELEASE_RETRY_BY`], unless it was the third (a
+/// foreground release's last), its client's operation ended or crashed
+/// by then, its client acquired the key again (which supersedes it), or
+/// its request had run for 5 s (its budget may be spent).
+pub(super) fn release_retries(run: &Run<'_>, out: &mut Vec<String>) {
+    let attempts = &run.server.sent.attempts;
+    // Released by hand (`locks.release`: one attempt a call): programs'
+    // own tokens and plain leases.
+    let own: std::collections::BTreeSet<u64> = run
+        .events
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::OwnToken { token_hash, .. } => Some(*token_hash),
+            _ => None,
+        })
+        .collect();
+    let by_hand = |a: &crate::net::Attempt| {
+        let Some(token) = a.token.as_deref() else {
+            return true;
+        };
+        own.contains(&crate::log::token_hash(token)) || run.events.iter().any(|e| {
+            matches!(&e.event, Event::Leased { client, key, fence }
+            if *client == a.client && *key == a.key && attempts.iter().any(|g| {
+                g.token.as_deref() == Some(token)
+                    && g.answer.as_ref().is_some_and(|o| o.status == 201 && o.fence == Some(*fence))
+            }))
+        })
+    };
+    for (i, a) in attempts.iter().enumerate() {
+        if a.operation != Operation::Release || by_hand(a) {
+            continue;
+        }
+        let later = attempts[i + 1..]
+            .iter()
+            .find(|b| b.request_id == a.request_id);
+        let earlier: Vec<_> = attempts[..i]
+            .iter()
+            .filter(|b| b.request_id == a.request_id)
+            .collect();
+        let status = a.answer.as_ref().map(|o| o.status);
+        if let (Some(status @ (400 | 401 | 403 | 404 | 409)), Some(again)) = (status, later) {
+            out.push(format!(
+                "release retried after a {status}: client {} sent its release of {} again at \
+                 {:?}",
+                a.client, a.key, again.sent
+            ));
+        }
+        let failed = match (&a.answer, a.failed) {
+            (Some(o), _) if o.status == 429 || o.status >= 500 => o.at,
+            (None, Some(failed)) => failed,
+            _ => continue,
+        };
+        let by = failed + RELEASE_RETRY_BY;
+        let began = earlier.first().map_or(a.sent, |b| b.sent);
+        let ended = run.events.iter().any(|e| {
+            e.at >= a.sent
+                && e.at <= by
+                && matches!(e.event, Event::StepEnded { client } | Event::Crashed { client }
+                    if client == a.client)
+        });
+        let superseded = attempts.iter().any(|b| {
+            b.client == a.client
+                && b.key == a.key
+                && b.operation == Operation::Acquire
+                && b.sent >= a.sent
+                && b.sent <= by
+        });
+        let spent = earlier.len() >= 2 || by > began + Duration::from_secs(5);
+        if later.is_none_or(|b| b.sent > by) && !ended && !superseded && !spent && by < run_end(run)
+        {
+            out.push(format!(
+                "release not retried: client {}'s release of {} failed at {failed:?} and was not \
+                 sent again by {by:?}",
+                a.client, a.key
+            ));
+        }
+    }
+}
+
+/// When the last event of the run was logged.
+fn run_end(run: &Run<'_>) -> Duration {
+    run.events.last().map_or(Duration::ZERO, |e| e.at)
+}
+
 /// What a release that found another token holding the lock says: taken
 /// over (`LockLost`, the work since not covered) when its first attempt
 /// was answered 409 while the lease was still ours by its guard's clock
