@@ -152,12 +152,7 @@ const LOOK_SPREAD: Duration = Duration::from_millis(500);
 /// [`LOOK_SPREAD`], when nothing disturbed the stretch. Not judged
 /// across a server clock jump.
 pub(super) fn looks_at_the_takeover(run: &Run<'_>, out: &mut Vec<String>) {
-    if run.clock_rate != 1.0
-        || run
-            .events
-            .iter()
-            .any(|e| matches!(e.event, Event::ServerJump { .. }))
-    {
+    if !run.exact_and_steady() {
         return;
     }
     let journal = &run.server.journal;
@@ -208,17 +203,7 @@ pub(super) fn looks_at_the_takeover(run: &Run<'_>, out: &mut Vec<String>) {
                 continue;
             }
             let grace_end = expiry + chrono::TimeDelta::seconds(1);
-            let freed = journal.iter().any(|r| {
-                r.key == w.key
-                    && r.at > seen.at
-                    && r.at < grace_end
-                    && matches!(
-                        (r.operation, r.status),
-                        (Operation::Renew, Some(200))
-                            | (Operation::Release | Operation::ForceRelease, Some(204))
-                            | (Operation::Acquire, Some(201))
-                    )
-            });
+            let freed = super::observe::lease_moved(journal, w.key, seen.at, grace_end);
             let slow = later
                 .iter()
                 .chain(std::iter::once(look))

@@ -8,7 +8,7 @@ use std::time::Duration;
 
 use volcano_mock_server::Operation;
 
-use super::run::Run;
+use super::run::{Belief, Run};
 use crate::log::Event;
 use crate::net::Attempt;
 
@@ -29,30 +29,11 @@ const GIVES_UP_WITHIN: Duration = Duration::from_millis(2_700);
 pub(super) fn gives_up_last(run: &Run<'_>, out: &mut Vec<String>) {
     let attempts = &run.server.sent.attempts;
     for b in &run.beliefs {
-        let why = run.events.iter().find_map(|e| match &e.event {
-            Event::Ended {
-                client,
-                key,
-                fence,
-                why,
-            } if *client == b.client && *key == b.key && *fence == b.fence && e.at == b.to => {
-                Some(why.as_str())
-            }
-            _ => None,
-        });
+        let why = run.why_ended(b);
         let Some(why) = why.filter(|why| matches!(*why, "Expired" | "RenewalFailed")) else {
             continue;
         };
-        let granted = attempts.iter().rfind(|a| {
-            a.client == b.client
-                && a.key == b.key
-                && a.operation == Operation::Acquire
-                && a.sent <= b.to
-                && a.answer
-                    .as_ref()
-                    .is_some_and(|o| o.status == 201 && o.fence == Some(b.fence))
-        });
-        let Some((grant, token)) = granted.and_then(|a| a.token.as_deref().map(|t| (a, t))) else {
+        let Some((grant, token)) = grant_of(attempts, b) else {
             continue;
         };
         let last = attempts.iter().rfind(|a| {
@@ -150,16 +131,7 @@ pub(super) fn no_safe_window(run: &Run<'_>, out: &mut Vec<String>) {
     let attempts = &run.server.sent.attempts;
     let tick = Duration::from_millis(100);
     for b in &run.beliefs {
-        let granted = attempts.iter().rfind(|a| {
-            a.client == b.client
-                && a.key == b.key
-                && a.operation == Operation::Acquire
-                && a.sent <= b.to
-                && a.answer
-                    .as_ref()
-                    .is_some_and(|o| o.status == 201 && o.fence == Some(b.fence))
-        });
-        let Some((grant, token)) = granted.and_then(|a| a.token.as_deref().map(|t| (a, t))) else {
+        let Some((grant, token)) = grant_of(attempts, b) else {
             continue;
         };
         let since = grant.sent.saturating_sub(Duration::from_secs(1));
@@ -230,16 +202,7 @@ const RETRY_BY: Duration = Duration::from_millis(4_150);
 pub(super) fn retries_renewal(run: &Run<'_>, out: &mut Vec<String>) {
     let attempts = &run.server.sent.attempts;
     for b in &run.beliefs {
-        let granted = attempts.iter().rfind(|a| {
-            a.client == b.client
-                && a.key == b.key
-                && a.operation == Operation::Acquire
-                && a.sent <= b.to
-                && a.answer
-                    .as_ref()
-                    .is_some_and(|o| o.status == 201 && o.fence == Some(b.fence))
-        });
-        let Some((grant, token)) = granted.and_then(|a| a.token.as_deref().map(|t| (a, t))) else {
+        let Some((grant, token)) = grant_of(attempts, b) else {
             continue;
         };
         let renewals: Vec<&Attempt> = attempts
@@ -272,4 +235,19 @@ pub(super) fn retries_renewal(run: &Run<'_>, out: &mut Vec<String>) {
             }
         }
     }
+}
+
+/// The grant of belief `b`'s lease (the latest acquire answered 201 with
+/// its fence by then) and its token.
+fn grant_of<'a>(attempts: &'a [Attempt], b: &Belief) -> Option<(&'a Attempt, &'a str)> {
+    let grant = attempts.iter().rfind(|a| {
+        a.client == b.client
+            && a.key == b.key
+            && a.operation == Operation::Acquire
+            && a.sent <= b.to
+            && a.answer
+                .as_ref()
+                .is_some_and(|o| o.status == 201 && o.fence == Some(b.fence))
+    })?;
+    Some((grant, grant.token.as_deref()?))
 }

@@ -151,6 +151,27 @@ pub(super) fn told_right(run: &Run<'_>, out: &mut Vec<String>) {
     }
 }
 
+/// Whether anything renewed, released, force-released or acquired `key`
+/// on the server strictly between `after` and `before` (server clock).
+pub(super) fn lease_moved(
+    journal: &[volcano_mock_server::RecordedRequest],
+    key: &str,
+    after: DateTime<Utc>,
+    before: DateTime<Utc>,
+) -> bool {
+    journal.iter().any(|r| {
+        r.key == key
+            && r.at > after
+            && r.at < before
+            && matches!(
+                (r.operation, r.status),
+                (Operation::Renew, Some(200))
+                    | (Operation::Release | Operation::ForceRelease, Some(204))
+                    | (Operation::Acquire, Some(201))
+            )
+    })
+}
+
 /// Whether a look was refused for good: another would be too.
 fn refused(look: &crate::net::Attempt) -> bool {
     look.answer
@@ -284,17 +305,7 @@ pub(super) fn sees_expiry(run: &Run<'_>, out: &mut Vec<String>) {
             // It ran out: nothing renewed, released or took the key
             // before its grace ended.
             let grace_end = expiry + chrono::TimeDelta::seconds(1);
-            let touched = journal.iter().any(|r| {
-                r.key == w.key
-                    && r.at > seen.at
-                    && r.at < grace_end
-                    && matches!(
-                        (r.operation, r.status),
-                        (Operation::Renew, Some(200))
-                            | (Operation::Release | Operation::ForceRelease, Some(204))
-                            | (Operation::Acquire, Some(201))
-                    )
-            });
+            let touched = super::observe::lease_moved(journal, w.key, seen.at, grace_end);
             let from = look.sent.saturating_sub(Duration::from_secs(1));
             let disturbed = run.events.iter().any(|e| {
                 e.at >= from

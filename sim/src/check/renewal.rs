@@ -26,17 +26,7 @@ const LOST_BY_ITSELF: [&str; 3] = ["Expired", "RenewalFailed", "NoSafeWindow"];
 pub(super) fn renewed(run: &Run<'_>, out: &mut Vec<String>) {
     let attempts = &run.server.sent.attempts;
     for b in &run.beliefs {
-        let ended = run.events.iter().find_map(|e| match &e.event {
-            Event::Ended {
-                client,
-                key,
-                fence,
-                why,
-            } if *client == b.client && *key == b.key && *fence == b.fence && e.at == b.to => {
-                Some(why.as_str())
-            }
-            _ => None,
-        });
+        let ended = run.why_ended(b);
         let Some(why) = ended.filter(|why| LOST_BY_ITSELF.contains(why)) else {
             continue;
         };

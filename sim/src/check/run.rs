@@ -115,6 +115,28 @@ impl<'a> Run<'a> {
             .map_or(Duration::MAX, |later| later.at)
     }
 
+    /// Whether the hosts' clocks are exact and the server's never
+    /// jumped: what checks of fine timing need.
+    pub(super) fn exact_and_steady(&self) -> bool {
+        self.clock_rate == 1.0 && self.jumps.is_empty()
+    }
+
+    /// How belief `b` ended, in the log's words (`None`: still held at
+    /// the end).
+    pub(super) fn why_ended(&self, b: &Belief) -> Option<&'a str> {
+        self.events.iter().find_map(|e| match &e.event {
+            Event::Ended {
+                client,
+                key,
+                fence,
+                why,
+            } if *client == b.client && *key == b.key && *fence == b.fence && e.at == b.to => {
+                Some(why.as_str())
+            }
+            _ => None,
+        })
+    }
+
     pub(super) fn sim_time(&self, at: DateTime<Utc>) -> Duration {
         sim_time(self.server, &self.jumps, at)
     }

@@ -15,7 +15,6 @@ use volcano_mock_server::Operation;
 
 use super::observe::{looks_in, windows};
 use super::run::Run;
-use crate::log::Event;
 
 /// The simulation's timers fire on ticks: how much sooner than due a look
 /// may go.
@@ -49,12 +48,7 @@ const QUICK: Duration = Duration::from_millis(200);
 /// After a failed look (a 429, a 5xx, no answer) the next waits the poll
 /// interval at least.
 pub(super) fn thrifty(run: &Run<'_>, out: &mut Vec<String>) {
-    if run.clock_rate != 1.0
-        || run
-            .events
-            .iter()
-            .any(|e| matches!(e.event, Event::ServerJump { .. }))
-    {
+    if !run.exact_and_steady() {
         return;
     }
     let journal = &run.server.journal;
@@ -144,12 +138,7 @@ pub(super) fn thrifty(run: &Run<'_>, out: &mut Vec<String>) {
 /// nothing disturbed the stretch (no fault on the observer's host, its
 /// looks answered quickly).
 pub(super) fn looks_at_last_moments(run: &Run<'_>, out: &mut Vec<String>) {
-    if run.clock_rate != 1.0
-        || run
-            .events
-            .iter()
-            .any(|e| matches!(e.event, Event::ServerJump { .. }))
-    {
+    if !run.exact_and_steady() {
         return;
     }
     let journal = &run.server.journal;
