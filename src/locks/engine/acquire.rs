@@ -306,6 +306,7 @@ impl Try<'_> {
             let mut failed: Option<String> = None;
             let step = match then {
                 wait::Then::Acquire => {
+                    ticket.trying();
                     let window = waiter.window();
                     match self.once(window, undo).await {
                         Ok(measured) => return Ok(measured),

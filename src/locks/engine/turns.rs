@@ -86,7 +86,14 @@ impl Ticket {
         let _ = self.first.wait_for(|first| *first == Some(id)).await;
     }
 
-    /// Resolves the next time this client frees the key.
+    /// A try goes out now: it sees whatever this client freed before, so
+    /// only a release from now on is news to it ([`Ticket::freed`]).
+    pub(crate) fn trying(&mut self) {
+        self.freed.borrow_and_update();
+    }
+
+    /// Resolves the next time this client frees the key (since the last
+    /// [`Ticket::trying`]).
     pub(crate) async fn freed(&mut self) {
         if self.freed.changed().await.is_err() {
             std::future::pending::<()>().await;
@@ -138,6 +145,23 @@ mod tests {
             crate::lock_unpoisoned(&turns.lines).is_empty(),
             "no line is kept"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_release_before_a_try_is_no_news_to_it() {
+        let turns = Arc::new(Turns::default());
+        let mut a = turns.join("k");
+        turns.freed("k");
+        a.trying();
+        let second = std::time::Duration::from_secs(1);
+        assert!(
+            tokio::time::timeout(second, a.freed()).await.is_err(),
+            "the try sent after the release already saw it"
+        );
+        turns.freed("k");
+        tokio::time::timeout(second, a.freed())
+            .await
+            .expect("a release after the try wakes it");
     }
 
     #[tokio::test]
