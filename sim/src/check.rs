@@ -16,7 +16,8 @@
 //! (`check/cadence.rs`), a waiter's ramp and its look at a holder's
 //! expiry (`check/aim.rs`), an observer's looks on its schedule
 //! (`check/thrift.rs`), renewals retried and given up only when the
-//! window closes, with the right reason (`check/giveup.rs`). It also
+//! window closes, with the right reason (`check/giveup.rs`), waiters of
+//! one client taking turns (`check/turns.rs`). It also
 //! measures the belief margin of every loss (`check/margin.rs`).
 
 use std::collections::BTreeSet;
@@ -42,6 +43,7 @@ mod run;
 mod safety;
 mod thrift;
 mod truth;
+mod turns;
 
 pub(crate) use self::run::Server;
 
@@ -98,6 +100,8 @@ pub(crate) fn all(
     giveup::no_safe_window(&run, out);
     giveup::retries_renewal(&run, out);
     risk::follows_renewals(&run, out);
+    turns::wait_their_turn(&run, out);
+    turns::take_their_turn(&run, out);
     leader::makes_way(&run, out);
     leader::says_unreachable(&run, out);
     asked::options_reach_the_wire(&run, out);

@@ -10,6 +10,7 @@ mod driver;
 mod log;
 mod net;
 mod program;
+mod watchdog;
 mod world;
 
 use std::collections::BTreeMap;
@@ -111,11 +112,12 @@ fn simulate(seed: u64, options: &Options) -> Outcome {
     let clocks = world.programs(&mut sim, seed, options);
     let mut driver = Driver::new(seed, &world, clocks, options);
     let mut violations = Vec::new();
+    let watchdog = watchdog::Watchdog::start(seed);
     // Until every program has shut down or crashed, then long enough for
     // the leases of a crashed one to expire.
     while (0..options.clients).any(|c| !world.log.finished(c) && !driver.crashed.contains(&c)) {
         driver.tick(&mut sim);
-        if let Err(err) = sim.step() {
+        if let Err(err) = watchdog.step(sim.elapsed(), || sim.step()) {
             violations.push(format!("a host failed: {err}"));
             break;
         }
@@ -125,11 +127,12 @@ fn simulate(seed: u64, options: &Options) -> Outcome {
     // the end-of-run check judges.
     let at_end = world.leases(end, jumped(&world.log.events()));
     while sim.elapsed() < end + SETTLE {
-        if let Err(err) = sim.step() {
+        if let Err(err) = watchdog.step(sim.elapsed(), || sim.step()) {
             violations.push(format!("a host failed while settling: {err}"));
             break;
         }
     }
+    drop(watchdog);
     let events = world.log.events();
     // The programs' own faults: futures dropped mid-operation, force-releases.
     for e in &events {

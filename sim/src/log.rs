@@ -94,6 +94,15 @@ pub(crate) enum Event {
         request_id: String,
         timeout: Option<Duration>,
     },
+    /// A second task of `client` waits for `key` behind the operation
+    /// under way (which is waiting for it too), until `until`: its tries
+    /// go under `request_id`.
+    Behind {
+        client: usize,
+        key: String,
+        request_id: String,
+        until: Duration,
+    },
     /// A program chose its own token for `key` (known here by a hash):
     /// it releases that token by hand, whatever became of its acquire.
     OwnToken {

@@ -6,8 +6,11 @@
 use std::time::Duration;
 
 use super::ctx::Ctx;
-use super::op::{max_hold_for, min_hold_for, one_in, poll_for, timeout_for, wait_for, Op};
+use super::op::{
+    max_hold_for, min_hold_for, one_in, poll_for, timeout_for, uuid_from, wait_for, Op,
+};
 use crate::log::Event;
+use volcano::{AcquireOptions, LockGuard};
 
 impl Ctx {
     /// One operation: the one `op` names.
@@ -59,9 +62,43 @@ impl Ctx {
             self.work(&[&guard], work).await;
             Ok::<_, volcano::Error>(ended)
         });
-        match scope.wait(wait).poll_interval(poll_for(coin)).await {
-            Ok(ended) => ended.await,
-            Err(err) => self.failed(&format!("with_lock {key}"), &err),
+        let first = async {
+            match scope.wait(wait).poll_interval(poll_for(coin)).await {
+                Ok(ended) => ended.await,
+                Err(err) => self.failed(&format!("with_lock {key}"), &err),
+            }
+        };
+        if one_in(coin >> 31, 4) {
+            tokio::join!(first, self.behind(key, ttl, wait + work, coin));
+        } else {
+            first.await;
+        }
+    }
+
+    /// A second task of this client waits for `key` behind a first one
+    /// (begun a moment before): it waits its turn, then tries; when it
+    /// gets the key, it works a moment and releases it.
+    async fn behind(&self, key: &str, ttl: Duration, wait: Duration, coin: u64) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        let request_id = uuid_from(coin.rotate_left(29));
+        self.log.push(Event::Behind {
+            client: self.id,
+            key: key.to_owned(),
+            request_id: request_id.clone(),
+            until: turmoil::sim_elapsed().unwrap_or_default() + wait,
+        });
+        let options = AcquireOptions::default()
+            .request_id(request_id)
+            .wait(wait)
+            .poll_interval(poll_for(coin >> 3));
+        match self.locks.hold(key, ttl).options(options).await {
+            Ok(held) => {
+                let ended = self.believe(&held);
+                self.work(&[&*held], Duration::from_millis(300)).await;
+                self.released(key, held.release().await);
+                ended.await;
+            }
+            Err(err) => self.failed(&format!("hold {key} behind another"), &err),
         }
     }
 
@@ -71,14 +108,20 @@ impl Ctx {
     /// Half the time it keeps the lock for a minimum (`min_hold`, as a
     /// cron job does): then the scope must not end before the minimum has
     /// passed since the closure began, unless the lock was lost.
+    /// Its outcome follows `min_hold`'s rule ([`Ctx::follows_min_hold`]),
+    /// tried by a takeover during the minimum at times.
     async fn try_with_lock(&self, key: &str, ttl: Duration, work: Duration, coin: u64) {
         let min_hold = min_hold_for(coin);
         let began = std::sync::Mutex::new(None);
         let began = &began;
+        // The guard, if the closure returned with its lock not lost; told
+        // to a takeover waiting for it.
+        let (returned, mut held_at_end) = tokio::sync::watch::channel(None);
         let scope = self.locks.try_with_lock(key, ttl, |guard| async move {
             *crate::lock(began) = Some(self.clock.now());
             let ended = self.believe(&guard);
             self.work(&[&guard], work).await;
+            returned.send_replace(Some((!guard.is_lost()).then(|| guard.clone())));
             Ok::<_, volcano::Error>((ended, guard))
         });
         // A quarter of the minimum holds are also the cap: a minimum as
@@ -91,7 +134,31 @@ impl Ctx {
         if one_in(coin >> 23, 4) {
             self.refuses_bad_input(key, ttl).await;
         }
-        match scope.await {
+        // A third of the minimum holds are taken over by hand during the
+        // minimum, by a force release and an acquire under another token.
+        let takeover = async {
+            let Some(min) = min_hold.filter(|_| one_in(coin >> 27, 3)) else {
+                return;
+            };
+            if !matches!(
+                held_at_end.wait_for(Option::is_some).await.as_deref(),
+                Ok(Some(Some(_)))
+            ) {
+                return;
+            }
+            let began = (*crate::lock(began)).unwrap_or_default();
+            let left = (began + min).saturating_sub(self.clock.now());
+            if left > Duration::from_secs(1) {
+                tokio::time::sleep(left / 3).await;
+                self.take_over(key, ttl).await;
+            }
+        };
+        let (result, ()) = tokio::join!(std::future::IntoFuture::into_future(scope), takeover);
+        let held_at_end = held_at_end.borrow().clone().flatten();
+        if let Some(guard) = held_at_end.filter(|_| min_hold.is_some()) {
+            self.follows_min_hold(key, &guard, &result);
+        }
+        match result {
             Ok(Some((ended, guard))) => {
                 let began = *crate::lock(began);
                 if let (Some(min), Some(began)) = (min_hold, began) {
@@ -104,11 +171,33 @@ impl Ctx {
         }
     }
 
+    /// `min_hold`'s rule, for a scope whose closure returned with its
+    /// lock held: a loss during the minimum ends the scope in
+    /// `Error::LockLost` exactly when it was to another holder.
+    fn follows_min_hold<T>(&self, key: &str, guard: &LockGuard, result: &volcano::Result<T>) {
+        let wrong = match (result, guard.failure().filter(to_another)) {
+            (Err(volcano::Error::LockLost(lost)), _) if !to_another(lost) => {
+                format!("failed for a loss that was not to another holder ({lost})")
+            }
+            (Err(volcano::Error::LockLost(_)), _) | (_, None) => return,
+            (Ok(_), Some(lost)) => {
+                format!("returned Ok, though its lock was lost to another holder ({lost})")
+            }
+            (Err(err), Some(lost)) => {
+                format!("failed with \"{err}\", not a lock lost to another holder ({lost})")
+            }
+        };
+        self.broken(format!("try_with_lock {key} with a minimum hold {wrong}"));
+    }
+
     /// Bad input gets a clear error and sends nothing: a zero request
-    /// timeout, a cap under a second, a minimum hold past the longest
-    /// lease or past the cap.
+    /// timeout, a cap under a second, a poll interval under 100 ms, a
+    /// minimum hold past the longest lease or past the
+    /// cap. The edges themselves are valid: a poll of exactly 100 ms, a
+    /// minimum of exactly 90 days.
     async fn refuses_bad_input(&self, key: &str, ttl: Duration) {
         let second = Duration::from_secs(1);
+        let least_poll = Duration::from_millis(100);
         let holds = [
             (
                 "timeout(0)",
@@ -119,6 +208,12 @@ impl Ctx {
                 self.locks
                     .hold(key, ttl)
                     .max_hold(second - Duration::from_millis(1)),
+            ),
+            (
+                "a 99 ms poll interval",
+                self.locks
+                    .hold(key, ttl)
+                    .poll_interval(least_poll - Duration::from_millis(1)),
             ),
         ];
         for (what, hold) in holds {
@@ -153,6 +248,26 @@ impl Ctx {
                     other.map_err(|e| e.to_string())
                 )),
             }
+        }
+        // The edges, on a key of their own (the program's own is not taken
+        // early): input is judged before anything is sent, at the first
+        // poll. What gets past it is dropped there, and lets go of
+        // whatever its acquire may take, as any dropped hold does.
+        let edges = format!("{key}-edges");
+        let hold = self.locks.hold(&edges, ttl).poll_interval(least_poll);
+        if let Some(Err(err @ volcano::Error::InvalidArgument(_))) = first_poll(hold).await {
+            self.broken(format!(
+                "hold {edges} with a 100 ms poll interval was refused: {err}"
+            ));
+        }
+        let scope = self
+            .locks
+            .try_with_lock(&edges, ttl, |_guard| async { Ok::<_, volcano::Error>(()) })
+            .min_hold(longest);
+        if let Some(Err(err @ volcano::Error::InvalidArgument(_))) = first_poll(scope).await {
+            self.broken(format!(
+                "try_with_lock {edges} with a minimum hold of exactly 90 days was refused: {err}"
+            ));
         }
     }
 
@@ -218,6 +333,27 @@ impl Ctx {
         hold.await
     }
 
+    /// Takes `key` from whoever holds it, by hand: a force release, an
+    /// acquire under a token of its own, a release a moment later.
+    async fn take_over(&self, key: &str, ttl: Duration) {
+        self.force_release(key.to_owned()).await;
+        let lease = match self.locks.acquire(key, ttl).await {
+            Ok(lease) => lease,
+            Err(err) => return self.note(format!("take over {key}: {err}")),
+        };
+        self.log.push(Event::Leased {
+            client: self.id,
+            key: key.to_owned(),
+            fence: lease.fencing_token(),
+        });
+        tokio::time::sleep(ttl / 4).await;
+        let released = self.locks.release(&lease).await;
+        if released.is_err() {
+            self.kept(key, Some(lease.fencing_token()));
+        }
+        self.released(key, released);
+    }
+
     /// A waiting acquire, a renew and a release, by hand.
     async fn acquire_renew_release(&self, key: &str, ttl: Duration, wait: Duration, coin: u64) {
         let locks = &self.locks;
@@ -244,5 +380,25 @@ impl Ctx {
             self.kept(key, Some(lease.fencing_token()));
         }
         self.released(key, released);
+    }
+}
+
+/// A loss to another holder, as `min_hold` tells them apart: taken over,
+/// or a request that found another token (`409`).
+fn to_another(lost: &volcano::LockLost) -> bool {
+    lost.reason() == volcano::LostReason::TakenOver
+        || lost
+            .cause()
+            .is_some_and(|cause| cause.is_ownership_lost() || cause.is_lock_held())
+}
+
+/// What a future gives at its first poll, if it is ready then; dropped
+/// otherwise.
+async fn first_poll<F: std::future::IntoFuture>(future: F) -> Option<F::Output> {
+    let future = std::pin::pin!(future.into_future());
+    tokio::select! {
+        biased;
+        output = future => Some(output),
+        () = std::future::ready(()) => None,
     }
 }
