@@ -53,6 +53,9 @@ pub enum FaultKind {
         /// Milliseconds to hold the answer.
         ms: u64,
     },
+    /// Apply the request, then answer with its status and a body that is
+    /// not JSON (a proxy's page). A `204` has no body to garble.
+    GarbledResponse,
 }
 
 /// A fault to inject with `MockServer::inject`.
@@ -203,6 +206,14 @@ impl Fault {
     /// `reset` the connection closes after the wait.
     pub fn delay_response(delay: Duration) -> Self {
         Self::new(FaultKind::DelayResponse { ms: millis(delay) })
+    }
+
+    /// Apply the request, then answer with its status and an HTML page
+    /// for a body, as a proxy in the way might: the client learns the
+    /// outcome's status but cannot read it. A `204` (a release) is sent
+    /// as it is.
+    pub fn garbled_response() -> Self {
+        Self::new(FaultKind::GarbledResponse)
     }
 
     /// Limit the fault to one operation.

@@ -179,6 +179,12 @@ fn outcome(
                         would_have_sent: Some(response.status().as_u16()),
                     }
                 }
+                Some(kind @ FaultKind::GarbledResponse)
+                    if response.status() != StatusCode::NO_CONTENT =>
+                {
+                    entry.fault = Some(kind);
+                    respond(garbled(response.status()))
+                }
                 _ => respond(response),
             }
         }
@@ -202,6 +208,16 @@ async fn prepare(
 }
 
 /// The answer an injected status fault sends instead of applying.
+/// An answer of `status` whose body is a proxy's HTML page.
+fn garbled(status: StatusCode) -> Response {
+    (
+        status,
+        [(header::CONTENT_TYPE, "text/html")],
+        "<html><body>upstream answered</body></html>",
+    )
+        .into_response()
+}
+
 fn fault_response(status: u16) -> Reject {
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     match status.as_u16() {

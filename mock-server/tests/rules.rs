@@ -636,6 +636,36 @@ async fn faults_status_is_not_applied_drop_is_applied_reset_is_not() {
 }
 
 #[tokio::test]
+async fn a_garbled_response_is_applied_and_cannot_be_read() {
+    let server = MockServer::start().await;
+    let raw = Raw::new(&server);
+    server.inject(Fault::garbled_response().on(Operation::Acquire).times(1));
+    let garbled = reqwest::Client::new()
+        .post(format!("{}/locks/job/lease", server.url()))
+        .bearer_auth(server.service_key())
+        .header("x-volcano-request-id", RID)
+        .header("x-volcano-lock-token", A)
+        .body(json!({ "ttl_seconds": 30 }).to_string())
+        .send()
+        .await
+        .expect("answered");
+    assert_eq!(garbled.status(), StatusCode::CREATED, "the status is kept");
+    let text = garbled.text().await.unwrap();
+    assert!(
+        serde_json::from_str::<Value>(&text).is_err(),
+        "not JSON: {text}"
+    );
+    assert_eq!(server.locks().len(), 1, "the garbled acquire was applied");
+    // A 204 has no body to garble: it is sent as it is (the fault is
+    // used up all the same, and the journal shows none).
+    server.inject(Fault::garbled_response().on(Operation::Release).times(1));
+    assert_eq!(raw.release("job", A).await.status, 204);
+    assert!(server.locks().is_empty());
+    let faults: Vec<_> = server.requests().iter().map(|r| r.fault).collect();
+    assert_eq!(faults, [Some(FaultKind::GarbledResponse), None]);
+}
+
+#[tokio::test]
 async fn delay_fault_holds_the_request() {
     let server = MockServer::start().await;
     let raw = Raw::new(&server);
