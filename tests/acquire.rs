@@ -347,3 +347,22 @@ async fn uppercase_caller_token_is_kept_in_the_lease() {
         Some(TOKEN)
     );
 }
+
+/// An acquire applied and answered with a page the client cannot read (a
+/// proxy's, from the mock server's `garbled_response`) is sent once more
+/// with the same token, which recovers the lease it was granted.
+#[tokio::test]
+async fn an_unreadable_grant_is_retried_and_recovered() {
+    let server = volcano_mock_server::MockServer::start().await;
+    server.inject(
+        volcano_mock_server::Fault::garbled_response()
+            .on(volcano_mock_server::Operation::Acquire)
+            .times(1),
+    );
+    let client = common::mock_client(&server);
+    let lease = client.locks().acquire("k", TTL).await.expect("recovered");
+    let journal = server.requests();
+    assert_eq!(journal.len(), 2, "{journal:?}");
+    assert_eq!(journal[0].fencing_token, Some(lease.fencing_token()));
+    assert_eq!(journal[0].request_id, journal[1].request_id);
+}

@@ -312,7 +312,8 @@ impl Try<'_> {
                         Ok(measured) => return Ok(measured),
                         Err(err) => {
                             let was = waiter.failing_since();
-                            self.log_episode(waiter.episode(&err), &err);
+                            waiter.failed(&err);
+                            self.log_episode(waiter.episode(), &err);
                             let now = waiter.failing_since();
                             if let (Some(reach), true) = (self.reach, was != now) {
                                 reach(now);

@@ -15,8 +15,8 @@ use crate::error::Error;
 /// A lease's risk: the last transient failure while an episode lasts.
 pub(crate) struct Risk {
     cause: Mutex<Option<Arc<Error>>>,
-    /// Counts the changes (an episode begins or ends), for waiters.
-    changed: watch::Sender<u64>,
+    /// Tells waiters of a change (an episode begins or ends).
+    changed: watch::Sender<()>,
     /// Episodes begun.
     episodes: AtomicU64,
 }
@@ -25,7 +25,7 @@ impl Risk {
     pub(crate) fn new() -> Self {
         Risk {
             cause: Mutex::new(None),
-            changed: watch::Sender::new(0),
+            changed: watch::Sender::new(()),
             episodes: AtomicU64::new(0),
         }
     }
@@ -52,7 +52,7 @@ impl Risk {
                 remaining_ms = remaining.as_millis() as u64,
                 "lock at risk: renewals are failing; still ours until its local deadline"
             );
-            self.changed.send_modify(|n| *n += 1);
+            self.changed.send_replace(());
         }
     }
 
@@ -67,7 +67,7 @@ impl Risk {
             if renewed {
                 tracing::info!(key, "lock no longer at risk: a renewal succeeded");
             }
-            self.changed.send_modify(|n| *n += 1);
+            self.changed.send_replace(());
         }
     }
 
@@ -82,7 +82,7 @@ impl Risk {
         self.episodes.load(Ordering::Relaxed)
     }
 
-    pub(crate) fn subscribe(&self) -> watch::Receiver<u64> {
+    pub(crate) fn subscribe(&self) -> watch::Receiver<()> {
         self.changed.subscribe()
     }
 }

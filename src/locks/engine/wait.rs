@@ -156,17 +156,24 @@ impl Waiter {
     }
 
     /// Notes whether a failed try was answered by the service about the
-    /// lock (`409`, or a `429` about the quota) or not (no answer, a 5xx),
-    /// and says when an episode of unanswered tries needs a warning, or
-    /// ends after one.
-    pub(crate) fn episode(&mut self, err: &Error) -> Option<Episode> {
+    /// lock (`409`, or a `429` about the quota) or not (no answer, a 5xx):
+    /// [`Waiter::failing_since`] (a leader's status) follows it.
+    pub(crate) fn failed(&mut self, err: &Error) {
         // Any answer of the service's own but a 5xx.
         let answered = err.status().is_some_and(|status| status < 500);
-        if answered {
-            self.failing_since = None;
+        self.failing_since = match self.failing_since {
+            _ if answered => None,
+            Some(since) => Some(since),
+            None => Some(Instant::now()),
+        };
+    }
+
+    /// For the log only: says, after [`Waiter::failed`], when an episode
+    /// of unanswered tries needs a warning, or ends after one.
+    pub(crate) fn episode(&mut self) -> Option<Episode> {
+        let Some(since) = self.failing_since else {
             return std::mem::take(&mut self.warned).then_some(Episode::Answered);
-        }
-        let since = *self.failing_since.get_or_insert_with(Instant::now);
+        };
         let failing = since.elapsed();
         if self.warned || failing < WARN_UNANSWERED_AFTER {
             return None;
@@ -571,24 +578,32 @@ mod tests {
         assert!(waiter.timed_out().expect("timed out").is_lock_held());
     }
 
+    fn said(waiter: &mut Waiter, err: &Error) -> Option<Episode> {
+        waiter.failed(err);
+        waiter.episode()
+    }
+
     #[tokio::test(start_paused = true)]
     async fn tries_failing_without_an_answer_are_an_episode_said_once() {
         let mut waiter = Waiter::new(Duration::MAX, S(10));
-        assert_eq!(waiter.episode(&refused_connection()), None);
+        assert_eq!(said(&mut waiter, &refused_connection()), None);
         tokio::time::advance(WARN_UNANSWERED_AFTER - S(1)).await;
-        assert_eq!(waiter.episode(&answer(503, None)), None, "not yet");
+        assert_eq!(said(&mut waiter, &answer(503, None)), None, "not yet");
         tokio::time::advance(S(1)).await;
         assert_eq!(
-            waiter.episode(&refused_connection()),
+            said(&mut waiter, &refused_connection()),
             Some(Episode::Unanswered(WARN_UNANSWERED_AFTER))
         );
         tokio::time::advance(S(60)).await;
-        assert_eq!(waiter.episode(&refused_connection()), None, "said once");
-        assert_eq!(waiter.episode(&answer(409, None)), Some(Episode::Answered));
-        assert_eq!(waiter.episode(&answer(409, None)), None);
+        assert_eq!(said(&mut waiter, &refused_connection()), None, "said once");
+        assert_eq!(
+            said(&mut waiter, &answer(409, None)),
+            Some(Episode::Answered)
+        );
+        assert_eq!(said(&mut waiter, &answer(409, None)), None);
         // A new episode starts from its own first failure.
-        assert_eq!(waiter.episode(&refused_connection()), None);
+        assert_eq!(said(&mut waiter, &refused_connection()), None);
         tokio::time::advance(S(29)).await;
-        assert_eq!(waiter.episode(&refused_connection()), None);
+        assert_eq!(said(&mut waiter, &refused_connection()), None);
     }
 }
