@@ -215,7 +215,7 @@ impl Driver {
         ];
         let mut op = ops[self.rng.random_range(0..ops.len())];
         let times = self.rng.random_range(1..=3);
-        let (fault, kind) = match self.rng.random_range(0..8) {
+        let (fault, kind) = match self.rng.random_range(0..9) {
             // A release, a renewal, an acquire or a look refused for good
             // (a rotated or revoked key; a look also a 400 or 404): a
             // refused release leaves the lease until its ttl, and
@@ -262,6 +262,9 @@ impl Driver {
                     format!("delay-request of {lasting:?}"),
                 )
             }
+            // Applied, and answered with a body the client cannot read
+            // (a proxy's page).
+            8 => (Fault::garbled_response(), "garbled-response".to_owned()),
             _ => (Fault::reset(), "reset".to_owned()),
         };
         let what = format!("{kind} on {op:?} x{times}");

@@ -47,6 +47,10 @@ pub(crate) struct Attempt {
     /// When its client saw it fail without an answer (no connection, a
     /// broken one, its timeout), if it did.
     pub(crate) failed: Option<Duration>,
+    /// The status of a success whose body could not be read (not a JSON
+    /// object): recorded as a failure in `failed`, since its client
+    /// learns no outcome from it, only that the service answered.
+    pub(crate) garbled: Option<u16>,
 }
 
 /// An answer a client received.
@@ -114,6 +118,11 @@ impl Network for SimNetwork {
             };
             let at = turmoil::sim_elapsed().unwrap_or_default();
             match (&answer, attempt) {
+                (Ok(answer), Some(index)) if unreadable(answer.status, &answer.body) => {
+                    let mut sent = crate::lock(&senders);
+                    sent.attempts[index].failed = Some(at);
+                    sent.attempts[index].garbled = Some(answer.status);
+                }
                 (Ok(answer), Some(index)) => {
                     let observed = Observed {
                         at,
@@ -157,9 +166,19 @@ impl SimNetwork {
             sent: now,
             answer: None,
             failed: None,
+            garbled: None,
         });
         Some(sent.attempts.len() - 1)
     }
+}
+
+/// A success whose body is there and is not a JSON object (a proxy's
+/// page): the client cannot read the outcome. (An error status says what
+/// it says without its body.)
+fn unreadable(status: u16, body: &[u8]) -> bool {
+    (200..300).contains(&status)
+        && !body.is_empty()
+        && serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(body).is_err()
 }
 
 /// One request and its whole answer on a fresh connection.

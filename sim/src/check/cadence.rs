@@ -87,9 +87,19 @@ pub(super) fn acquire_retries(run: &Run<'_>, out: &mut Vec<String>) {
             },
             None => false,
         };
-        // When the try this attempt belongs to began: its first attempt.
+        // When the try this attempt belongs to began: its first attempt
+        // (also when that one failed without an answer, or with one its
+        // client could not read, and this one followed at once).
         let began = match last.get(a.request_id.as_str()) {
-            Some((before, _, began)) if retry => *began.min(&before.sent),
+            Some((before, _, began))
+                if retry
+                    || before.answer.is_none()
+                        && before
+                            .failed
+                            .is_some_and(|failed| a.sent.saturating_sub(failed) < IMMEDIATE) =>
+            {
+                *began.min(&before.sent)
+            }
             _ => a.sent,
         };
         last.insert(a.request_id.as_str(), (a, retry, began));
@@ -289,7 +299,8 @@ pub(super) fn waiters(run: &Run<'_>, out: &mut Vec<String>) {
 }
 
 /// The protocol's single retry is made: a first attempt of an acquire
-/// answered 503, or failed without an answer, is followed at once by a
+/// answered 503, or failed without an answer (or with a success it could
+/// not read), is followed at once by a
 /// second with the same request id, unless its operation ended first
 /// (dropped, its host crashed) or its wait's deadline had passed (no
 /// attempt starts after it).
@@ -317,13 +328,17 @@ pub(super) fn acquire_retried(run: &Run<'_>, out: &mut Vec<String>) {
         let retried = attempts[i + 1..]
             .iter()
             .any(|b| b.request_id == a.request_id && b.sent <= by);
-        // The operation ended by then, or its wait's deadline had passed.
+        // The operation ended before the failure was seen (an operation
+        // that ends with it ends for want of the retry), its host crashed,
+        // or its wait's deadline had passed.
         let excused = run.events.iter().any(|e| {
             e.at <= by
                 && e.at >= a.sent
                 && match &e.event {
-                    Event::StepEnded { client } | Event::Crashed { client } => *client == a.client,
-                    Event::Note { client, .. } => *client == a.client,
+                    Event::Crashed { client } => *client == a.client,
+                    Event::StepEnded { client } | Event::Note { client, .. } => {
+                        *client == a.client && e.at < seen
+                    }
                     _ => false,
                 }
         }) || run.events.iter().any(|e| {
@@ -332,7 +347,7 @@ pub(super) fn acquire_retried(run: &Run<'_>, out: &mut Vec<String>) {
         });
         if !retried && !excused {
             out.push(format!(
-                "acquire not retried: client {}'s acquire of {} failed (503 or no answer) at \
+                "acquire not retried: client {}'s acquire of {} failed (503, no answer, or a success it could not read) at \
                  {:?} and was not sent again",
                 a.client, a.key, seen
             ));

@@ -21,7 +21,8 @@ const GIVES_UP_WITHIN: Duration = Duration::from_millis(2_700);
 
 /// For every loss by itself (`Expired`, `RenewalFailed`) whose latest
 /// renewal attempt failed transiently before it: the reason follows that
-/// attempt (no answer: `Expired`; a 429 or 5xx: `RenewalFailed`), and
+/// attempt (no answer: `Expired`; a 429, a 5xx or a success it could not
+/// read: `RenewalFailed`), and
 /// the guard gave up no sooner than its window closed (within
 /// [`GIVES_UP_WITHIN`] of the deadline it knew). Not judged when its
 /// host's lease clock moved, or a force-release or clock jump moved the
@@ -46,7 +47,8 @@ pub(super) fn gives_up_last(run: &Run<'_>, out: &mut Vec<String>) {
         let Some(last) = last else { continue };
         let (ended, answered) = match (&last.answer, last.failed) {
             (Some(o), _) if o.status == 429 || o.status >= 500 => (o.at, Some(o.status)),
-            (None, Some(failed)) => (failed, None),
+            // A success it could not read is an answer all the same.
+            (None, Some(failed)) => (failed, last.garbled),
             _ => continue,
         };
         let since = grant.sent.saturating_sub(Duration::from_secs(1));

@@ -95,6 +95,8 @@ pub(super) fn makes_way(run: &Run<'_>, out: &mut Vec<String>) {
 fn ended(a: &Attempt) -> Option<(Duration, Option<u16>)> {
     match (&a.answer, a.failed) {
         (Some(o), _) => Some((o.at, Some(o.status))),
+        // An answer it could not read: answered all the same.
+        (None, Some(failed)) if a.garbled.is_some() => Some((failed, a.garbled)),
         (None, Some(failed)) => Some((failed, None)),
         (None, None) => None,
     }
@@ -120,12 +122,19 @@ fn tries(attempts: &[&Attempt]) -> Vec<(Duration, Option<bool>)> {
     let mut k = 0;
     while k < attempts.len() {
         let Some((end, status)) = ended(attempts[k]) else {
-            k += 1;
+            // Left out, and so is its retry (whose outcome cannot be told
+            // without it).
+            let late = self::ended(attempts[k]).map(|(end, _)| end);
+            let retried = attempts.get(k + 1).is_some_and(|next| {
+                next.request_id == attempts[k].request_id
+                    && late.is_some_and(|end| next.sent <= end + AT_ONCE)
+            });
+            k += if retried { 2 } else { 1 };
             continue;
         };
         let retry = attempts.get(k + 1).filter(|next| {
             next.request_id == attempts[k].request_id
-                && matches!(status, None | Some(503))
+                && (matches!(status, None | Some(503)) || attempts[k].garbled.is_some())
                 && next.sent <= end + AT_ONCE
         });
         match retry.and_then(|r| ended(r)) {

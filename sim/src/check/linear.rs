@@ -444,6 +444,7 @@ mod tests {
                 fence: (status == 201).then_some(1),
             }),
             failed: None,
+            garbled: None,
         }
     }
 
