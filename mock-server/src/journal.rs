@@ -38,9 +38,9 @@ pub struct RecordedRequest {
     /// dropped; `None` when the connection was reset before applying.
     pub status: Option<u16>,
     /// The injected fault that shaped this answer, if any. When several
-    /// did, a status, drop_response or reset fault is shown first, then
-    /// delay_response, then delay; matching delays (or delay_responses) are
-    /// shown added up.
+    /// did, a status, drop_response, reset or garbled_response fault is
+    /// shown first, then delay_response, then delay; matching delays (or
+    /// delay_responses) are shown added up.
     pub fault: Option<FaultKind>,
     /// The fencing token granted or reported (acquire, renew, get).
     pub fencing_token: Option<i64>,

@@ -1,7 +1,7 @@
 //! The five lock endpoints over the lock store: auth, the quota and
 //! validation in the contract's order, then the injected faults (delay,
-//! status, reset, drop_response, delay_response), then the store, then the
-//! answer. Each lock request is journaled in exactly one place,
+//! status, reset, drop_response, delay_response, garbled_response), then
+//! the store, then the answer. Each lock request is journaled in exactly one place,
 //! [`lock_endpoint`], whatever became of it.
 
 use std::sync::Arc;
@@ -207,8 +207,8 @@ async fn prepare(
     validate(route, headers, body, shared.config.header_read_timeout).await
 }
 
-/// The answer an injected status fault sends instead of applying.
-/// An answer of `status` whose body is a proxy's HTML page.
+/// An answer of `status` whose body is a proxy's HTML page (the
+/// `garbled_response` fault).
 fn garbled(status: StatusCode) -> Response {
     (
         status,
@@ -218,6 +218,7 @@ fn garbled(status: StatusCode) -> Response {
         .into_response()
 }
 
+/// The answer an injected status fault sends instead of applying.
 fn fault_response(status: u16) -> Reject {
     let status = StatusCode::from_u16(status).unwrap_or(StatusCode::INTERNAL_SERVER_ERROR);
     match status.as_u16() {

@@ -117,14 +117,15 @@ const AT_ONCE: Duration = Duration::from_millis(20);
 fn tries(attempts: &[&Attempt]) -> Vec<(Duration, Option<bool>)> {
     // Only an attempt that ended within a second of being sent: a late
     // answer can come after its client gave up on it.
-    let ended = |a: &Attempt| ended(a).filter(|(end, _)| *end <= a.sent + Duration::from_secs(1));
+    let ended_soon =
+        |a: &Attempt| ended(a).filter(|(end, _)| *end <= a.sent + Duration::from_secs(1));
     let mut out = Vec::new();
     let mut k = 0;
     while k < attempts.len() {
-        let Some((end, status)) = ended(attempts[k]) else {
+        let Some((end, status)) = ended_soon(attempts[k]) else {
             // Left out, and so is its retry (whose outcome cannot be told
             // without it).
-            let late = self::ended(attempts[k]).map(|(end, _)| end);
+            let late = ended(attempts[k]).map(|(end, _)| end);
             let retried = attempts.get(k + 1).is_some_and(|next| {
                 next.request_id == attempts[k].request_id
                     && late.is_some_and(|end| next.sent <= end + AT_ONCE)
@@ -137,7 +138,7 @@ fn tries(attempts: &[&Attempt]) -> Vec<(Duration, Option<bool>)> {
                 && (matches!(status, None | Some(503)) || attempts[k].garbled.is_some())
                 && next.sent <= end + AT_ONCE
         });
-        match retry.and_then(|r| ended(r)) {
+        match retry.and_then(|r| ended_soon(r)) {
             Some((end, status)) => {
                 let answered = match status {
                     Some(200..=299 | 409) => Some(true),

@@ -161,10 +161,10 @@ impl Waiter {
     pub(crate) fn failed(&mut self, err: &Error) {
         // Any answer of the service's own but a 5xx.
         let answered = err.status().is_some_and(|status| status < 500);
-        self.failing_since = match self.failing_since {
-            _ if answered => None,
-            Some(since) => Some(since),
-            None => Some(Instant::now()),
+        self.failing_since = if answered {
+            None
+        } else {
+            Some(self.failing_since.unwrap_or_else(Instant::now))
         };
     }
 
