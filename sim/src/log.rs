@@ -103,6 +103,9 @@ pub(crate) enum Event {
         request_id: String,
         until: Duration,
     },
+    /// The wait of `client`'s task behind another ([`Event::Behind`])
+    /// ended: granted, failed or timed out.
+    BehindEnded { client: usize },
     /// A program chose its own token for `key` (known here by a hash):
     /// it releases that token by hand, whatever became of its acquire.
     OwnToken {

@@ -32,6 +32,10 @@ pub(super) fn acquire_retries(run: &Run<'_>, out: &mut Vec<String>) {
     let mut last: BTreeMap<&str, (&Attempt, bool, Duration)> = BTreeMap::new();
     // When each client last looked at each key (`get`) or released it.
     let mut looked: BTreeMap<(usize, &str), Duration> = BTreeMap::new();
+    // When a waiter behind another had its turn (a new try follows it).
+    let turns = super::turns::turns(run);
+    let turn_since =
+        |id: &str, since: Duration| turns.iter().any(|(of, turn)| of == id && *turn >= since);
     for a in &run.server.sent.attempts {
         if matches!(
             a.operation,
@@ -59,9 +63,10 @@ pub(super) fn acquire_retries(run: &Run<'_>, out: &mut Vec<String>) {
                     if answer.status == 503 && !before_was_retry {
                         // The protocol's single retry.
                         true
-                    } else if looked_since(*began) {
-                        // Prompted by a look, or by its client's release
-                        // of the key since the try began: a new try.
+                    } else if looked_since(*began) || turn_since(&a.request_id, *began) {
+                        // Prompted by a look, by its client's release of
+                        // the key, or by its turn in its client's line
+                        // since the try began: a new try.
                         false
                     } else {
                         if answer.status != 503 {
@@ -341,10 +346,7 @@ pub(super) fn acquire_retried(run: &Run<'_>, out: &mut Vec<String>) {
                     }
                     _ => false,
                 }
-        }) || run.events.iter().any(|e| {
-            matches!(&e.event, Event::Waits { client, until, .. }
-                if *client == a.client && e.at <= a.sent && *until <= by)
-        });
+        }) || wait_deadline(run, a).is_some_and(|until| until <= by);
         if !retried && !excused {
             out.push(format!(
                 "acquire not retried: client {}'s acquire of {} failed (503, no answer, or a success it could not read) at \
@@ -353,6 +355,36 @@ pub(super) fn acquire_retried(run: &Run<'_>, out: &mut Vec<String>) {
             ));
         }
     }
+}
+
+/// The deadline of the wait attempt `a` belongs to, if it waits: its
+/// operation's (the client's latest `Waits` before it was sent, on its
+/// key or for a set, in the same operation), or its own when it waits
+/// behind another task of its client.
+fn wait_deadline(run: &Run<'_>, a: &Attempt) -> Option<Duration> {
+    let mut deadline = None;
+    for e in run.events.iter().take_while(|e| e.at <= a.sent) {
+        match &e.event {
+            Event::Waits {
+                client,
+                key,
+                until,
+                how,
+                ..
+            } if *client == a.client && (*key == a.key || *how == Waiting::Set) => {
+                deadline = Some(*until);
+            }
+            Event::StepEnded { client } if *client == a.client => deadline = None,
+            _ => {}
+        }
+    }
+    let behind = run.events.iter().find_map(|e| match &e.event {
+        Event::Behind {
+            request_id, until, ..
+        } if *request_id == a.request_id => Some(*until),
+        _ => None,
+    });
+    behind.or(deadline)
 }
 
 /// The longest a single retry can follow a first attempt that got no

@@ -24,6 +24,7 @@ const LAST_TRY: Duration = Duration::from_millis(520);
 struct Behind<'a> {
     client: usize,
     key: &'a str,
+    request_id: &'a str,
     /// When it joined the line.
     from: Duration,
     /// When the one ahead left the line (its wait's outcome).
@@ -69,14 +70,18 @@ fn behind_waiters<'a>(run: &Run<'a>) -> Vec<Behind<'a>> {
             .map_or(Duration::MAX, |o| o.at)
             .min(ahead_tries.map_or(Duration::MAX, |a| granted(run, &a.request_id)))
             .max(e.at);
-        let crashed = run.events[b..]
+        // Its own outcome, its host's crash, or its operation's end (a
+        // dropped one).
+        let ended = run.events[b..]
             .iter()
-            .find(|x| matches!(x.event, Event::Crashed { client: c } if c == *client))
+            .find(|x| {
+                matches!(x.event,
+                    Event::BehindEnded { client: c }
+                    | Event::Crashed { client: c }
+                    | Event::StepEnded { client: c } if c == *client)
+            })
             .map_or(Duration::MAX, |x| x.at);
-        let end = granted(run, request_id)
-            .min(*until)
-            .min(crashed)
-            .min(run.step_ended(b, *client));
+        let end = granted(run, request_id).min(*until).min(ended);
         let requests = run
             .server
             .sent
@@ -95,6 +100,7 @@ fn behind_waiters<'a>(run: &Run<'a>) -> Vec<Behind<'a>> {
         out.push(Behind {
             client: *client,
             key,
+            request_id,
             from: e.at,
             turn,
             end,
@@ -103,6 +109,15 @@ fn behind_waiters<'a>(run: &Run<'a>) -> Vec<Behind<'a>> {
         });
     }
     out
+}
+
+/// When each waiter behind another (by its request id) had its turn: a
+/// try of its sent at once then is a new try, not a retry.
+pub(super) fn turns(run: &Run<'_>) -> Vec<(String, Duration)> {
+    behind_waiters(run)
+        .into_iter()
+        .map(|w| (w.request_id.to_owned(), w.turn))
+        .collect()
 }
 
 /// When an acquire (its request id) was first answered with a grant.

@@ -91,7 +91,9 @@ impl Ctx {
             .request_id(request_id)
             .wait(wait)
             .poll_interval(poll_for(coin >> 3));
-        match self.locks.hold(key, ttl).options(options).await {
+        let outcome = self.locks.hold(key, ttl).options(options).await;
+        self.log.push(Event::BehindEnded { client: self.id });
+        match outcome {
             Ok(held) => {
                 let ended = self.believe(&held);
                 self.work(&[&*held], Duration::from_millis(300)).await;
@@ -153,7 +155,10 @@ impl Ctx {
                 self.take_over(key, ttl).await;
             }
         };
-        let (result, ()) = tokio::join!(std::future::IntoFuture::into_future(scope), takeover);
+        // When the scope ended, read in its own future: the takeover may
+        // go on after it.
+        let scope = async { (scope.await, self.clock.now()) };
+        let ((result, ended_at), ()) = tokio::join!(scope, takeover);
         let held_at_end = held_at_end.borrow().clone().flatten();
         if let Some(guard) = held_at_end.filter(|_| min_hold.is_some()) {
             self.follows_min_hold(key, &guard, &result);
@@ -162,7 +167,7 @@ impl Ctx {
             Ok(Some((ended, guard))) => {
                 let began = *crate::lock(began);
                 if let (Some(min), Some(began)) = (min_hold, began) {
-                    self.kept_for(&guard, min, self.clock.now().saturating_sub(began));
+                    self.kept_for(&guard, min, ended_at.saturating_sub(began));
                 }
                 ended.await
             }
