@@ -246,3 +246,82 @@ async fn a_plain_release_of_a_held_lock_is_not_a_loss() {
     assert_eq!(ran, 1);
     assert!(client.shutdown(Duration::from_secs(1)).await.is_empty());
 }
+
+#[tokio::test]
+async fn a_release_answered_409_only_after_a_retry_is_said_as_a_conflict() {
+    // The first attempt was refused for the quota (not applied); by the
+    // second, another token held the lock. The lease may have lapsed in
+    // that pause, after the work: not proof that the work ran without it.
+    let server = MockServer::start().await;
+    let client = mock_client(&server);
+    let held = client.locks().hold("late", TTL).await.unwrap();
+    take_over(&server, "late").await;
+    server.inject(
+        Fault::status(429)
+            .on(Operation::Release)
+            .key("late")
+            .times(1),
+    );
+    let err = held.release().await.unwrap_err();
+    assert!(matches!(err, Error::Conflict(_)), "{err:?}");
+    assert!(
+        live(&server, "late"),
+        "the other worker's lease is untouched"
+    );
+    assert!(client.shutdown(Duration::from_secs(1)).await.is_empty());
+}
+
+/// A caller's own token, so that its lease can be recovered.
+const TOKEN: &str = "0b6f1a43-5b52-4f4e-9d51-1f6c3c7e2a10";
+
+#[tokio::test]
+async fn a_failed_release_of_a_callers_token_is_forgotten_once_an_acquire_with_it_is_answered() {
+    let server = MockServer::start().await;
+    let client = mock_client(&server);
+    let held = client.locks().hold("mine", TTL).token(TOKEN).await.unwrap();
+    refuse_release_of(&server, "mine");
+    held.release().await.unwrap_err();
+    // An acquire with the token that is refused says nothing of the lease.
+    server.inject(
+        Fault::status(403)
+            .on(Operation::Acquire)
+            .key("mine")
+            .times(1),
+    );
+    let err = client
+        .locks()
+        .acquire("mine", TTL)
+        .token(TOKEN)
+        .await
+        .unwrap_err();
+    assert_eq!(err.status(), Some(403), "{err:?}");
+    // One that is answered recovers it: nothing is left behind once it is
+    // released.
+    let held = client.locks().hold("mine", TTL).token(TOKEN).await.unwrap();
+    held.release().await.unwrap();
+    assert!(client.shutdown(Duration::from_secs(1)).await.is_empty());
+
+    // The same story, with the refused acquire last: the key is named.
+    let client = mock_client(&server);
+    let held = client
+        .locks()
+        .hold("again", TTL)
+        .token(TOKEN)
+        .await
+        .unwrap();
+    refuse_release_of(&server, "again");
+    held.release().await.unwrap_err();
+    server.inject(
+        Fault::status(403)
+            .on(Operation::Acquire)
+            .key("again")
+            .times(1),
+    );
+    client
+        .locks()
+        .acquire("again", TTL)
+        .token(TOKEN)
+        .await
+        .unwrap_err();
+    assert_eq!(client.shutdown(Duration::from_secs(1)).await, ["again"]);
+}

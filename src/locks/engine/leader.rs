@@ -340,3 +340,75 @@ async fn make_way(campaign: &Spec, until: &mut Signal) -> bool {
         _ = tokio::time::sleep(pause) => true,
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A report and a receiver of its status, told of nothing yet.
+    fn report() -> (Report, watch::Receiver<LeaderStatus>) {
+        let (status, mut seen) = watch::channel(LeaderStatus::Following);
+        seen.mark_unchanged();
+        (Report::new(status, None, Arc::default()), seen)
+    }
+
+    /// Whether the receiver was told of a change; then up to date.
+    fn told(seen: &mut watch::Receiver<LeaderStatus>) -> bool {
+        let changed = seen.has_changed().unwrap();
+        seen.mark_unchanged();
+        changed
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_campaign_tells_reachability_once_per_change() {
+        let (report, mut seen) = report();
+        let reach = report.campaigning();
+        assert!(!told(&mut seen), "following already");
+        let since = tokio::time::Instant::now();
+        reach(Some(since));
+        assert!(told(&mut seen));
+        assert_eq!(
+            *seen.borrow(),
+            LeaderStatus::Unreachable {
+                since: since.into_std()
+            }
+        );
+        reach(Some(since + Duration::from_secs(5)));
+        assert!(!told(&mut seen), "still unreachable, since the first");
+        reach(None);
+        assert!(told(&mut seen));
+        assert_eq!(*seen.borrow(), LeaderStatus::Following);
+        reach(None);
+        assert!(!told(&mut seen), "answered again: no change");
+    }
+
+    #[tokio::test]
+    async fn a_term_tells_its_risk_once_per_change() {
+        let (report, mut seen) = report();
+        report.elected(7);
+        assert!(told(&mut seen));
+        report.at_risk(false);
+        assert!(!told(&mut seen), "no risk before, none now");
+        report.at_risk(true);
+        assert!(told(&mut seen));
+        assert_eq!(
+            *seen.borrow(),
+            LeaderStatus::Leading {
+                fencing_token: 7,
+                at_risk: true
+            }
+        );
+        report.at_risk(true);
+        assert!(!told(&mut seen));
+        report.at_risk(false);
+        assert!(told(&mut seen));
+        report.ended("returned");
+        assert!(told(&mut seen));
+        assert_eq!(*seen.borrow(), LeaderStatus::Following);
+        // Not leading: a risk is no news.
+        report.at_risk(true);
+        assert!(!told(&mut seen));
+        drop(report);
+        assert_eq!(*seen.borrow_and_update(), LeaderStatus::Stopped);
+    }
+}

@@ -413,6 +413,8 @@ impl Observer {
 mod tests {
     use super::*;
 
+    const S: fn(u64) -> Duration = Duration::from_secs;
+
     fn t(ms: i64) -> DateTime<Utc> {
         DateTime::from_timestamp_millis(ms).unwrap()
     }
@@ -514,5 +516,112 @@ mod tests {
         assert_eq!(clock.bounds, Some((t(58_960), t(60_000))));
         assert_eq!(clock.local(t(59_480)), Some(at(0)));
         assert_eq!(clock.local(t(60_480)), Some(at(1_000)));
+    }
+
+    /// An observer of a 10 s poll interval whose estimate of the server's
+    /// clock reads 10.5 s (the middle of its one-second bounds) at `base`.
+    fn observer_at(base: Instant) -> Observer {
+        let mut observer = Observer::new("k".to_owned());
+        observer.clock.base = base;
+        observer.clock.sample(base, base, t(10_000));
+        observer
+    }
+
+    const MS: fn(u64) -> Duration = Duration::from_millis;
+
+    #[tokio::test(start_paused = true)]
+    async fn the_next_look_is_regular_or_at_a_leases_last_moments_whichever_is_sooner() {
+        let base = Instant::now();
+        let regular = |(at, special): (Instant, bool), received: Instant, poll: Duration| {
+            assert!(!special, "a regular look");
+            let after = at - received;
+            assert!(after > poll.mul_f64(0.9) && after <= poll, "{after:?}");
+        };
+        for _ in 0..20 {
+            let observer = observer_at(base);
+            // Free: at the poll interval, jittered down by up to a tenth.
+            regular(observer.schedule(None, base), base, S(10));
+            // Held, not seen final (3.3 s left): a look in the middle of its
+            // last moments, 13 s to 14.3 s on the server's clock: 13.65 s,
+            // which this machine reaches 3.15 s after `base`.
+            let held = lease(1, 13_300, 10_000);
+            assert_eq!(
+                observer.schedule(Some(&held), base),
+                (base + MS(3_150), true)
+            );
+            // Never sooner than the least interval after the answer.
+            let late = base + MS(3_100);
+            assert_eq!(
+                observer.schedule(Some(&held), late),
+                (late + POLL_MIN, true)
+            );
+            // Passed already and still shown as before: again in a second.
+            let past = base + MS(5_000);
+            assert_eq!(
+                observer.schedule(Some(&held), past),
+                (past + RETRY_LATE, true)
+            );
+            // Such a look found it renewed since the last regular one: the
+            // next waits for a regular look.
+            let mut spent = observer_at(base);
+            spent.special_spent = true;
+            regular(spent.schedule(Some(&held), base), base, S(10));
+            // Seen final (a second left): a look as it frees, 1.1 s after its
+            // expiry plus up to the spread; so also when spent.
+            let last = lease(1, 11_000, 10_000);
+            for observer in [&observer, &spent] {
+                let (at, special) = observer.schedule(Some(&last), base);
+                let after = at - base;
+                assert!(special, "{after:?}");
+                assert!(
+                    after >= MS(1_600) && after < MS(1_600) + LOOK_SPREAD,
+                    "{after:?}"
+                );
+            }
+            // A poll interval shorter than the wait for the last moments:
+            // regular.
+            let mut quick = observer_at(base);
+            quick.poll = S(1);
+            regular(quick.schedule(Some(&held), base), base, S(1));
+            // Past, but the regular look comes within a second anyway.
+            regular(quick.schedule(Some(&held), past), past, S(1));
+        }
+    }
+
+    #[test]
+    fn a_failed_look_pauses_for_the_poll_interval_or_the_named_window_plus_a_spread() {
+        let mut observer = Observer::new("k".to_owned());
+        for _ in 0..20 {
+            observer.poll = S(10);
+            let pause = observer.pause(None);
+            assert!(pause >= S(10) && pause < S(20), "{pause:?}");
+            // A Retry-After shorter than the poll interval does not hasten.
+            let pause = observer.pause(Some(S(3)));
+            assert!(pause >= S(10) && pause < S(20), "{pause:?}");
+            observer.poll = S(1);
+            let pause = observer.pause(Some(S(7)));
+            assert!(pause >= S(7) && pause < S(8), "{pause:?}");
+            // A proxy's huge Retry-After: a minute at most, then the spread.
+            let pause = observer.pause(Some(S(3_600)));
+            assert!(pause >= S(60) && pause < S(61), "{pause:?}");
+            // A day's poll interval: the spread is a minute at most.
+            observer.poll = S(86_400);
+            let spread = observer.spread();
+            assert!(spread < S(60), "{spread:?}");
+            observer.poll = S(200_000);
+            assert_eq!(observer.poll(), MAX_POLL);
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_clients_quota_is_spent_until_the_latest_window_named() {
+        let quota = Quota::default();
+        assert_eq!(quota.quiet_until(), None);
+        let now = Instant::now();
+        quota.spent_until(now + S(7));
+        quota.spent_until(now + S(3));
+        assert_eq!(quota.quiet_until(), Some(now + S(7)));
+        quota.spent_until(now + S(9));
+        assert_eq!(quota.quiet_until(), Some(now + S(9)));
     }
 }

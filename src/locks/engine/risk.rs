@@ -86,3 +86,41 @@ impl Risk {
         self.changed.subscribe()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn unavailable() -> Arc<Error> {
+        Arc::new(Error::from_status(crate::ApiError {
+            status: Some(503),
+            code: None,
+            message: String::new(),
+            request_id: None,
+            retry_after: None,
+        }))
+    }
+
+    #[test]
+    fn an_episode_begins_once_and_ends_at_a_renewal_or_the_end() {
+        let risk = Risk::new();
+        let mut changed = risk.subscribe();
+        assert!(risk.cause().is_none());
+        risk.failing("k", unavailable(), Duration::from_secs(20));
+        risk.failing("k", unavailable(), Duration::from_secs(18));
+        assert!(risk.cause().is_some());
+        assert_eq!(risk.episodes(), 1, "one episode, two failures");
+        assert!(changed.has_changed().unwrap());
+        changed.mark_unchanged();
+        risk.clear("k", true);
+        assert!(risk.cause().is_none());
+        assert!(changed.has_changed().unwrap(), "its end is told");
+        changed.mark_unchanged();
+        risk.clear("k", false);
+        assert!(!changed.has_changed().unwrap(), "nothing to end");
+        risk.failing("k", unavailable(), Duration::from_secs(20));
+        risk.clear("k", false);
+        assert!(risk.cause().is_none());
+        assert_eq!(risk.episodes(), 2);
+    }
+}

@@ -473,6 +473,20 @@ mod tests {
     }
 
     #[test]
+    fn an_expiry_says_whether_a_renewal_was_on_its_way() {
+        let clock = LeaseClock::adjustable();
+        let quiet = state(&clock, 30);
+        let tried = state(&clock, 30);
+        tried.renewal_sent();
+        clock.advance(S(30));
+        let detail = |state: &State| state.loss().and_then(|lost| lost.detail);
+        assert_eq!(detail(&quiet).as_deref(), Some(JUMPED));
+        assert_eq!(detail(&tried).as_deref(), Some(RENEWAL_TOO_LATE));
+        // What the server may keep: a whole ttl and the margins, from now.
+        assert_eq!(quiet.server_may_hold_for(), S(32));
+    }
+
+    #[test]
     fn first_loss_wins_and_the_watch_flips_once() {
         let clock = LeaseClock::adjustable();
         let state = state(&clock, 30);

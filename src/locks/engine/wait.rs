@@ -494,6 +494,10 @@ mod tests {
         let expires = Utc::now() + chrono::TimeDelta::seconds(15);
         let (_, then) = retry(waiter.looked(Ok(holder(true, Some(expires)))));
         assert_eq!(then, Then::Acquire);
+        // Held, until when unknown: tried after a ramp step, not at once.
+        let (pause, then) = retry(waiter.looked(Ok(holder(true, None))));
+        assert_eq!(then, Then::Acquire);
+        assert!(pause >= ms(270), "{pause:?}");
         // Released: try at once.
         assert_eq!(
             retry(waiter.looked(Ok(holder(false, None)))),
@@ -601,6 +605,12 @@ mod tests {
             Some(Episode::Answered)
         );
         assert_eq!(said(&mut waiter, &answer(409, None)), None);
+        // A 500 is no answer about the lock; a 429 is one.
+        waiter.failed(&answer(500, None));
+        assert!(waiter.failing_since().is_some());
+        waiter.failed(&answer(429, None));
+        assert_eq!(waiter.failing_since(), None);
+        waiter.episode();
         // A new episode starts from its own first failure.
         assert_eq!(said(&mut waiter, &refused_connection()), None);
         tokio::time::advance(S(29)).await;
