@@ -915,3 +915,31 @@ async fn stepping_down_during_the_renewal_before_the_first_term_releases_before_
         Vec::<String>::new()
     );
 }
+
+#[tokio::test]
+async fn a_term_whose_lock_was_taken_over_ends_run_with_the_loss() {
+    // Force-released and taken by another worker before any renewal: only
+    // the final release can tell, and `run` says so.
+    let server = MockServer::start().await;
+    let client = mock_client(&server);
+    let server_ref = &server;
+    let err = client
+        .locks()
+        .leader(KEY, Duration::from_secs(60))
+        .run(|_term| async move {
+            let other = mock_client(server_ref).locks();
+            other.force_release(KEY).await?;
+            other.acquire(KEY, TTL).await?;
+            Ok::<(), Error>(())
+        })
+        .await
+        .unwrap_err();
+    assert!(
+        matches!(&err, Error::LockLost(lost) if lost.reason() == volcano::LostReason::TakenOver),
+        "{err:?}"
+    );
+    assert!(
+        held_on_server(&server),
+        "the other worker's lease is untouched"
+    );
+}

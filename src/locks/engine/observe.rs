@@ -555,7 +555,13 @@ mod tests {
                 observer.schedule(Some(&held), late),
                 (late + POLL_MIN, true)
             );
-            // Passed already and still shown as before: again in a second.
+            // Due as the answer came, or passed already, and the lease still
+            // shown as before: again in a second.
+            let due = base + MS(3_150);
+            assert_eq!(
+                observer.schedule(Some(&held), due),
+                (due + RETRY_LATE, true)
+            );
             let past = base + MS(5_000);
             assert_eq!(
                 observer.schedule(Some(&held), past),
@@ -591,6 +597,14 @@ mod tests {
     #[test]
     fn a_failed_look_pauses_for_the_poll_interval_or_the_named_window_plus_a_spread() {
         let mut observer = Observer::new("k".to_owned());
+        // Spread over the poll interval, so that a fleet does not fire
+        // together (20 draws within one second of each other: about 1e-18).
+        let pauses: Vec<Duration> = (0..20).map(|_| observer.pause(None)).collect();
+        let (low, high) = (pauses.iter().min(), pauses.iter().max());
+        assert!(
+            high.unwrap().saturating_sub(*low.unwrap()) > S(1),
+            "{pauses:?}"
+        );
         for _ in 0..20 {
             observer.poll = S(10);
             let pause = observer.pause(None);
