@@ -943,3 +943,31 @@ async fn a_term_whose_lock_was_taken_over_ends_run_with_the_loss() {
         "the other worker's lease is untouched"
     );
 }
+
+#[tokio::test]
+async fn a_capped_term_then_stepping_down_while_making_way_returns_ok() {
+    // The term reaches its max hold; `until` fires while the candidate
+    // gives the others their chance: `run` steps down with Ok, the cap is
+    // no error.
+    let server = MockServer::start().await;
+    let client = mock_client(&server);
+    let leader = client
+        .locks()
+        .leader(KEY, TTL)
+        .max_hold(Duration::from_secs(2))
+        .poll_interval(Duration::from_secs(10));
+    let mut status = leader.status();
+    let result = leader
+        .until(async move {
+            let _ = status
+                .wait_for(|s| matches!(s, volcano::LeaderStatus::Leading { .. }))
+                .await;
+            let _ = status
+                .wait_for(|s| !matches!(s, volcano::LeaderStatus::Leading { .. }))
+                .await;
+        })
+        .run(|_term| std::future::pending::<Result<(), Error>>())
+        .await;
+    assert!(result.is_ok(), "{result:?}");
+    assert!(!held_on_server(&server));
+}

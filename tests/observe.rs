@@ -289,3 +289,60 @@ async fn dropping_next_again_and_again_does_not_flood_the_service() {
     assert_eq!(looks, 1, "one look, then it waits its interval");
     assert!(changes.next_look_in() > Duration::from_secs(9));
 }
+
+/// A 429 that names its window (`Retry-After: 60`) holds the client's
+/// other observers back until the window ends, each then by up to its own
+/// poll interval: never before the end.
+#[tokio::test]
+async fn a_named_window_holds_the_other_observers_back_until_it_ends() {
+    use wiremock::matchers::{method, path_regex};
+    use wiremock::{Mock, ResponseTemplate};
+    let server = common::server().await;
+    let free = ResponseTemplate::new(200).set_body_json(serde_json::json!({"held": false}));
+    let refused = common::error_body(429, "slow down", Some("rate_limited"))
+        .insert_header("retry-after", "60");
+    // The first look at `a` is answered, the next refused for a minute.
+    Mock::given(method("GET"))
+        .and(path_regex("/locks/a$"))
+        .respond_with(free.clone())
+        .up_to_n_times(1)
+        .with_priority(1)
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .and(path_regex("/locks/a$"))
+        .respond_with(refused)
+        .with_priority(2)
+        .mount(&server)
+        .await;
+    Mock::given(method("GET"))
+        .respond_with(free)
+        .with_priority(3)
+        .mount(&server)
+        .await;
+    let locks = common::client(&server.uri()).locks();
+    let mut one = locks.observe("a").poll_interval(POLL);
+    let mut others: Vec<Observe> = (0..5)
+        .map(|i| {
+            locks
+                .observe(format!("k{i}"))
+                .poll_interval(Duration::from_secs(10))
+        })
+        .collect();
+    assert_eq!(next(&mut one).await.kind(), ChangeKind::Initial);
+    for other in &mut others {
+        assert_eq!(next(other).await.kind(), ChangeKind::Initial);
+    }
+    let failed = one.next().await.unwrap().unwrap_err();
+    assert_eq!(failed.retry_after(), Some(Duration::from_secs(60)));
+    for other in &mut others {
+        // Its own next look was due in 10 s; now after the window.
+        let waited = tokio::time::timeout(Duration::from_millis(20), other.next()).await;
+        assert!(waited.is_err(), "no look during the window");
+        let next_in = other.next_look_in();
+        assert!(
+            next_in >= Duration::from_secs(59) && next_in <= Duration::from_secs(70),
+            "{next_in:?}"
+        );
+    }
+}

@@ -511,6 +511,21 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn a_holders_takeover_moment_is_its_expiry_the_grace_and_a_moment_more() {
+        // A standby (no deadline) polling every minute: a holder 10 s from
+        // its expiry is looked at once its grace has passed, 1.1 s after the
+        // expiry, plus up to the spread.
+        let ms = Duration::from_millis;
+        for _ in 0..20 {
+            let mut waiter = Waiter::new(Duration::MAX, S(60));
+            let expires = Utc::now() + chrono::TimeDelta::seconds(10);
+            let (pause, then) = retry(waiter.looked(Ok(holder(true, Some(expires)))));
+            assert_eq!(then, Then::LookAtHolder);
+            assert!(pause >= ms(11_090) && pause <= ms(11_600), "{pause:?}");
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_429_waits_out_its_window_plus_a_spread_of_one_poll_interval() {
         let mut waiter = Waiter::new(S(600), S(10));
         let pauses: Vec<Duration> = (0..200)
