@@ -511,6 +511,24 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn at_the_poll_interval_the_tries_spread_both_ways() {
+        // Grown to the poll interval, a try every interval on average:
+        // ±5 %, not jittered down only as while the ramp grows.
+        let mut waiter = Waiter::new(S(600), S(10));
+        tokio::time::advance(S(60)).await;
+        let far = Utc::now() + chrono::TimeDelta::seconds(600);
+        let pauses: Vec<Duration> = (0..20)
+            .map(|_| retry(waiter.looked(Ok(holder(true, Some(far))))).0)
+            .collect();
+        let ms = Duration::from_millis;
+        assert!(
+            pauses.iter().all(|p| *p >= ms(9_500) && *p <= ms(10_500)),
+            "{pauses:?}"
+        );
+        assert!(pauses.iter().any(|p| *p > S(10)), "{pauses:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_holders_takeover_moment_is_its_expiry_the_grace_and_a_moment_more() {
         // A standby (no deadline) polling every minute: a holder 10 s from
         // its expiry is looked at once its grace has passed, 1.1 s after the
