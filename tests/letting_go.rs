@@ -28,6 +28,11 @@ fn refuse_release_of(server: &MockServer, key: &str) {
     server.inject(Fault::status(403).on(Operation::Release).key(key).times(1));
 }
 
+/// The next acquire of `key` is refused with 403, without being applied.
+fn refuse_acquire_of(server: &MockServer, key: &str) {
+    server.inject(Fault::status(403).on(Operation::Acquire).key(key).times(1));
+}
+
 #[derive(Debug)]
 enum JobError {
     Lock(Error),
@@ -282,12 +287,7 @@ async fn a_failed_release_of_a_callers_token_is_forgotten_once_an_acquire_with_i
     refuse_release_of(&server, "mine");
     held.release().await.unwrap_err();
     // An acquire with the token that is refused says nothing of the lease.
-    server.inject(
-        Fault::status(403)
-            .on(Operation::Acquire)
-            .key("mine")
-            .times(1),
-    );
+    refuse_acquire_of(&server, "mine");
     let err = client
         .locks()
         .acquire("mine", TTL)
@@ -311,12 +311,7 @@ async fn a_failed_release_of_a_callers_token_is_forgotten_once_an_acquire_with_i
         .unwrap();
     refuse_release_of(&server, "again");
     held.release().await.unwrap_err();
-    server.inject(
-        Fault::status(403)
-            .on(Operation::Acquire)
-            .key("again")
-            .times(1),
-    );
+    refuse_acquire_of(&server, "again");
     client
         .locks()
         .acquire("again", TTL)
