@@ -58,6 +58,15 @@ pub enum Sabotage {
     ReleaseBeforeMark,
     /// An acquire whose outcome is unknown is never undone.
     NoUndo,
+    /// An undo ends at its first answered release: a try of the acquire
+    /// that lands later (held in the network, or behind a gateway that
+    /// already answered 503/504) keeps the key for its whole ttl under a
+    /// token nobody can name.
+    UndoEndsAtFirstRelease,
+    /// A retry's answer settles whatever the first attempt did
+    /// (`retry::settles` always true): a retry answered 409 or 429 erases
+    /// the first attempt's unknown outcome, so nothing is undone.
+    RetrySettlesAll,
     /// A lease is timed from when its answer arrived, not from when its
     /// request was sent.
     DeadlineFromReceipt,

@@ -63,6 +63,8 @@ fn parse() -> Result<Args, String> {
                 args.options.sabotage = match value()?.as_str() {
                     "release-before-mark" => Sabotage::ReleaseBeforeMark,
                     "no-undo" => Sabotage::NoUndo,
+                    "undo-ends-at-first-release" => Sabotage::UndoEndsAtFirstRelease,
+                    "retry-settles-all" => Sabotage::RetrySettlesAll,
                     "deadline-from-receipt" => Sabotage::DeadlineFromReceipt,
                     "try-after-deadline" => Sabotage::TryAfterDeadline,
                     "drop-refused-release" => Sabotage::DropRefusedRelease,
