@@ -27,6 +27,19 @@ pub(crate) struct Background {
     /// token (never logged), and the time after which that lease can no
     /// longer be live.
     unreleased: Mutex<Vec<Unreleased>>,
+    /// Acquisitions with a generated token that succeeded after a try whose
+    /// outcome is unknown: that try may still land until `land_by`, so a
+    /// release of the lease before then is followed by another after it.
+    late: Mutex<Vec<Late>>,
+}
+
+/// A window in which a late try of a granted acquisition may still land.
+struct Late {
+    key: String,
+    /// Never logged.
+    token: String,
+    land_by: Instant,
+    ttl: Duration,
 }
 
 struct Unreleased {
@@ -120,6 +133,33 @@ impl Background {
     pub(crate) fn forget(&self, key: &str, token: &str) {
         self.lock_unreleased()
             .retain(|u| !(u.key == key && u.token.eq_ignore_ascii_case(token)));
+    }
+
+    /// Remembers that a try of the acquisition that granted `key`/`token`
+    /// (with `ttl`) may still be applied until `land_by`.
+    pub(crate) fn late_window(&self, key: &str, token: &str, land_by: Instant, ttl: Duration) {
+        let now = Instant::now();
+        let mut late = crate::lock_unpoisoned(&self.late);
+        late.retain(|l| l.land_by > now);
+        late.push(Late {
+            key: key.to_owned(),
+            token: token.to_owned(),
+            land_by,
+            ttl,
+        });
+    }
+
+    /// The open window of `key`/`token`, if any, taken: when its late try
+    /// can no longer land, and the ttl that try asked for.
+    pub(crate) fn take_late_window(&self, key: &str, token: &str) -> Option<(Instant, Duration)> {
+        let now = Instant::now();
+        let mut late = crate::lock_unpoisoned(&self.late);
+        late.retain(|l| l.land_by > now);
+        let at = late
+            .iter()
+            .position(|l| l.key == key && l.token.eq_ignore_ascii_case(token))?;
+        let taken = late.swap_remove(at);
+        Some((taken.land_by, taken.ttl))
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, Running>> {

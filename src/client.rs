@@ -108,6 +108,14 @@ impl Client {
     /// down). It only waits: the client stays usable, and a timeout of
     /// `Duration::MAX` waits as long as it takes.
     ///
+    /// An acquire being undone runs until no try of it can land any more:
+    /// its request timeout plus [`LATE_TRY_MARGIN`](crate::LATE_TRY_MARGIN)
+    /// after the try's outcome became unknown (a try may be applied after
+    /// its client gave up on it). Until then its key is named; to end
+    /// empty after such a fault, give `shutdown` that long. A try applied
+    /// later still is beyond what a client can bound, and no report can
+    /// name it.
+    ///
     /// Call it before a process exits (on SIGTERM, at the end of `main`):
     /// a release still running when the runtime stops is lost, and the next
     /// worker then waits out the lease's ttl.

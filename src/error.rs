@@ -180,9 +180,14 @@ impl Error {
     /// True when the request may have been applied although no usable
     /// answer says so: no answer (a refused connection excepted), a 5xx
     /// from the service or a proxy, an unexpected status, or a success
-    /// status whose body could not be used. After such an acquire the
-    /// lease may exist: acquire again with the same token to recover it
-    /// (or release it).
+    /// status whose body could not be used; also a `409` that answered
+    /// acquire's retry after a first attempt that may have been applied
+    /// (the first attempt may land after it: `is_lock_held()` and this
+    /// are both true). After such an acquire the lease may exist, or come
+    /// to exist until the request's timeout has passed: acquire again with
+    /// the same token to recover it (or release it). With a token the SDK
+    /// generated, the SDK undoes it itself ([`Client::shutdown`](crate::Client::shutdown)
+    /// names the key until no try can land).
     ///
     /// ```no_run
     /// # async fn demo(locks: volcano::Locks, token: String) {
@@ -201,6 +206,8 @@ impl Error {
         match self {
             Error::Transport(e) => e.kind != TransportKind::Connect,
             Error::Server(_) | Error::UnexpectedStatus(_) | Error::InvalidResponse(_) => true,
+            // A 409 to acquire's retry: the first attempt may still land.
+            Error::Conflict(e) => e.after_uncertain,
             _ => false,
         }
     }
@@ -216,6 +223,16 @@ impl Error {
             | Error::Server(e)
             | Error::UnexpectedStatus(e) => Some(e),
             _ => None,
+        }
+    }
+
+    /// A `409` marked as answering a retry after an attempt that may have
+    /// been applied ([`Error::may_have_been_applied`]); other errors as
+    /// they are.
+    pub(crate) fn after_uncertain_attempt(self) -> Self {
+        match self {
+            Error::Conflict(api) => Error::Conflict(api.after_uncertain_attempt()),
+            other => other,
         }
     }
 

@@ -50,6 +50,7 @@ pub(crate) fn api_error(
         message,
         request_id: Some(request_id.to_owned()),
         retry_after,
+        after_uncertain: false,
     }
 }
 

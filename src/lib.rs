@@ -109,6 +109,7 @@ pub use locks::{
     HoldAll, Leader, LeaderHealth, LeaderStatus, LockChange, LockGuard, LockSet, Locks, Observe,
     Release, Renew, TryWithLock, WithLock, WithLocks,
 };
+pub use retry::LATE_TRY_MARGIN;
 pub use validate::{MAX_TTL, MIN_TTL};
 
 /// The boxed future behind each builder's `.await`.

@@ -28,6 +28,16 @@ use crate::error::{Error, InvalidReason, TransportKind};
 
 /// An attempt with less time than this left is not sent.
 pub(crate) const MIN_ATTEMPT: Duration = Duration::from_millis(100);
+/// How long past its own timeout a request is still counted as possibly
+/// applied. An acquire whose outcome became unknown at `t` (its error, its
+/// timeout, its future dropped) may still be applied until `t` plus its
+/// request timeout plus this: held on its way, or by a gateway that
+/// answered 503/504 and let it go on. The SDK undoes an acquire of a
+/// generated token until then; with your own token, an acquire again with
+/// it after then settles what the first did. A request applied later than
+/// that (queued somewhere for longer than its client waited, and more) is
+/// beyond what a client can bound.
+pub const LATE_TRY_MARGIN: Duration = Duration::from_secs(2);
 /// The first step of a backoff.
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 
@@ -54,11 +64,27 @@ pub(crate) fn retries_acquire(err: &Error) -> bool {
     }
 }
 
-/// Whether a retry's error tells the caller where ownership stands (a 409,
-/// or an outcome just as uncertain as the first attempt's); otherwise the
-/// first attempt's unknown outcome stands.
+/// Whether a retry's error may stand for the first attempt's unknown
+/// outcome: only one just as uncertain. Anything else (a 429, a 401, a
+/// 409) answers the retry alone and says nothing of what the first attempt
+/// did, or may still do: it may be held on its way and applied later.
 pub(crate) fn settles(err: &Error) -> bool {
-    matches!(err, Error::Conflict(_)) || err.may_have_applied()
+    sabotaged!(RetrySettlesAll) || err.may_have_applied()
+}
+
+/// What an acquire reports when its single retry failed with `retry`
+/// after a first attempt that may have been applied (`first`): a `409`
+/// stays a conflict (`is_lock_held()`), marked as coming after an attempt
+/// that may have been applied; an error as uncertain as the first stands;
+/// anything else gives way to the first attempt's error.
+pub(crate) fn after_uncertain(first: Error, retry: Error) -> Error {
+    match retry {
+        retry @ Error::Conflict(_) if !sabotaged!(RetrySettlesAll) => {
+            retry.after_uncertain_attempt()
+        }
+        retry if settles(&retry) => retry,
+        _ => first,
+    }
 }
 
 /// Whether a waiting acquire waits through this error rather than
@@ -212,6 +238,7 @@ mod tests {
             message: String::new(),
             request_id: None,
             retry_after: None,
+            after_uncertain: false,
         })
     }
 
@@ -233,8 +260,19 @@ mod tests {
         for status in [400, 401, 403, 404, 501, 418] {
             assert!(!waits_through(&answer(status)), "{status}");
         }
-        assert!(settles(&answer(409)) && settles(&answer(503)));
-        assert!(!settles(&answer(429)) && !settles(&answer(401)));
+        assert!(settles(&answer(503)) && settles(&answer(504)));
+        assert!(!settles(&answer(409)) && !settles(&answer(429)) && !settles(&answer(401)));
+        let conflict = after_uncertain(answer(503), answer(409));
+        assert!(conflict.is_lock_held() || conflict.status() == Some(409));
+        assert!(conflict.may_have_been_applied(), "{conflict:?}");
+        assert_eq!(
+            after_uncertain(answer(503), answer(429)).status(),
+            Some(503)
+        );
+        assert_eq!(
+            after_uncertain(answer(503), answer(504)).status(),
+            Some(504)
+        );
         assert!(fits(MIN_ATTEMPT) && !fits(MIN_ATTEMPT - Duration::from_millis(1)));
     }
 

@@ -102,7 +102,9 @@ pub(crate) fn leader_elected(key: Option<&str>, fencing_token: i64) {
         let labels: Vec<(&'static str, String)> =
             key.map(|key| ("key", key.to_owned())).into_iter().collect();
         metrics::counter!("volcano_leader_terms_total", &labels).increment(1);
-        metrics::gauge!("volcano_leader_is_leader", &labels).set(1.0);
+        // Terms running: several leaders of one process (or of one key,
+        // with its label) count up and down on one series.
+        metrics::gauge!("volcano_leader_is_leader", &labels).increment(1.0);
         metrics::gauge!("volcano_leader_fencing_token", &labels).set(fencing_token as f64);
     }
     #[cfg(not(feature = "metrics"))]
@@ -115,7 +117,7 @@ pub(crate) fn leader_ended(key: Option<&str>, why: &'static str) {
     {
         let mut labels: Vec<(&'static str, String)> =
             key.map(|key| ("key", key.to_owned())).into_iter().collect();
-        metrics::gauge!("volcano_leader_is_leader", &labels).set(0.0);
+        metrics::gauge!("volcano_leader_is_leader", &labels).decrement(1.0);
         labels.push(("reason", why.to_owned()));
         metrics::counter!("volcano_leader_terms_ended_total", &labels).increment(1);
     }

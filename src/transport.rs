@@ -158,12 +158,16 @@ impl Transport {
                     request = self.build(op, request_id, timing.timeout)?;
                     attempt += 1;
                 }
-                // The retry's answer settles ownership only as a success or
-                // a 409 (or by being just as uncertain); anything else (a
-                // 429, a 401) says nothing about the first attempt, whose
-                // unknown outcome then stands.
-                (Err(err), _) if first_error.is_some() && !retry::settles(&err) => {
-                    return Err(first_error.take().unwrap_or(err));
+                // Only a success settles what the first attempt did: any
+                // error answers the retry alone (a 409 says the key was
+                // another's when the retry came; the first attempt may
+                // still land after it), so the first attempt's unknown
+                // outcome stays in the error.
+                (Err(err), _) if first_error.is_some() => {
+                    return Err(match first_error.take() {
+                        Some(first) => retry::after_uncertain(first, err),
+                        None => err,
+                    });
                 }
                 (other, _) => return other,
             }

@@ -221,4 +221,43 @@ async fn acquires_renewals_losses_and_held_locks_are_recorded() {
     run.await.unwrap().unwrap();
     let ended = [("key", "scheduler"), ("reason", "resigned")];
     assert_eq!(m.total("volcano_leader_terms_ended_total", &ended), 1.0);
+
+    // Two leaders of one process, no key label: one series counts the
+    // terms running, so one leader's end leaves the other's term counted.
+    let is_leader = "volcano_leader_is_leader";
+    let before = m.total(is_leader, &[]);
+    let mut stops = Vec::new();
+    let mut runs = Vec::new();
+    for key in ["ingest", "compact"] {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let leader = locks.leader(key, Duration::from_secs(5));
+        let mut status = leader.status();
+        runs.push(tokio::spawn(
+            leader
+                .until(async {
+                    let _ = stopped.await;
+                })
+                .run(|term| async move {
+                    term.lost().await;
+                    Ok::<(), Error>(())
+                }),
+        ));
+        let leading = status.wait_for(|s| matches!(s, volcano::LeaderStatus::Leading { .. }));
+        tokio::time::timeout(Duration::from_secs(5), leading)
+            .await
+            .expect("elected")
+            .unwrap();
+        stops.push(stop);
+    }
+    assert_eq!(m.total(is_leader, &[]), before + 2.0);
+    let _ = stops.remove(0).send(());
+    runs.remove(0).await.unwrap().unwrap();
+    assert_eq!(
+        m.total(is_leader, &[]),
+        before + 1.0,
+        "the other leader's term still runs"
+    );
+    let _ = stops.remove(0).send(());
+    runs.remove(0).await.unwrap().unwrap();
+    assert_eq!(m.total(is_leader, &[]), before);
 }

@@ -323,7 +323,7 @@ async fn undoing_a_try_on_a_lock_held_elsewhere_is_not_a_failed_release() {
         .await
         .unwrap_err();
     assert_eq!(err.status(), Some(500), "{err:?}");
-    assert!(client.shutdown(Duration::from_secs(5)).await.is_empty());
+    assert!(client.shutdown(Duration::from_secs(10)).await.is_empty());
     let undone = server
         .requests()
         .into_iter()

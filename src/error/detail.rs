@@ -13,9 +13,18 @@ pub struct ApiError {
     pub(crate) message: String,
     pub(crate) request_id: Option<String>,
     pub(crate) retry_after: Option<Duration>,
+    /// The answer came to a retry after an attempt that may have been
+    /// applied (a 409 to acquire's retry after a 503 or no answer): that
+    /// attempt's outcome is still unknown.
+    pub(crate) after_uncertain: bool,
 }
 
 impl ApiError {
+    pub(crate) fn after_uncertain_attempt(mut self) -> Self {
+        self.after_uncertain = true;
+        self
+    }
+
     /// The HTTP status; `None` for an error raised locally (no service key).
     pub fn status(&self) -> Option<u16> {
         self.status
@@ -52,7 +61,11 @@ impl fmt::Display for ApiError {
             }
             f.write_str(": ")?;
         }
-        f.write_str(&self.message)
+        f.write_str(&self.message)?;
+        if self.after_uncertain {
+            f.write_str(" (answered the retry; the first attempt may still have been applied)")?;
+        }
+        Ok(())
     }
 }
 
@@ -64,6 +77,7 @@ impl fmt::Debug for ApiError {
             .field("message", &self.message)
             .field("request_id", &self.request_id)
             .field("retry_after", &self.retry_after)
+            .field("after_uncertain", &self.after_uncertain)
             .finish()
     }
 }

@@ -267,3 +267,4 @@ impl Captured {
             .collect()
     }
 }
+pub(crate) mod gateway;

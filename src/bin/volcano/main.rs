@@ -220,8 +220,12 @@ fn origin(api_url: &str) -> String {
 /// handed to the background (a release that keeps failing, the undo of an
 /// acquire whose outcome is unknown) gets a few seconds before the process
 /// exits; a lease that may still be held is said, on standard error.
+/// It waits long enough for an undo to see the window of a late try
+/// close (a request timeout and the margin after the try's outcome became
+/// unknown).
 async fn shut_down(client: &Client) {
-    let unreleased = client.shutdown(Duration::from_secs(5)).await;
+    let grace = client.timeout() + volcano::LATE_TRY_MARGIN + Duration::from_secs(5);
+    let unreleased = client.shutdown(grace).await;
     if !unreleased.is_empty() {
         eprintln!(
             "volcano: warning: {} may still be held until its ttl (the release did not finish)",

@@ -161,14 +161,16 @@ async fn acquire(
         held = hold => match held {
             Ok(held) => Ok(held),
             Err(err) => {
-                if !matches!(err, Error::Conflict(_) | Error::InvalidArgument(_)) {
-                    release_own(locks, &args.key, token).await;
+                let uncertain = err.may_have_been_applied();
+                if uncertain || !matches!(err, Error::Conflict(_) | Error::InvalidArgument(_)) {
+                    release_own(locks, &args.key, token, uncertain).await;
                 }
                 Err(args.held.failure(&args.key, err))
             }
         },
         stop = signals.next() => {
-            release_own(locks, &args.key, token).await;
+            // A try may have been in flight.
+            release_own(locks, &args.key, token, true).await;
             Err(fail(
                 stop.shell_code(),
                 format!("{stop:?} received while waiting for the lock; the command was not started"),
@@ -352,14 +354,33 @@ fn lost_code(lost: &LockLost) -> u8 {
 /// Best effort, after a failed or abandoned acquire with the caller's
 /// token: a lease it obtained is released rather than left for its ttl
 /// (with a generated token the client does this itself).
-async fn release_own(locks: &Locks, key: &str, token: Option<&str>) {
+async fn release_own(locks: &Locks, key: &str, token: Option<&str>, late: bool) {
     let Some(token) = token else { return };
-    if let Err(err) = locks.release(&lease_of(key, token)).await {
+    match release_ignoring_conflict(locks, &lease_of(key, token)).await {
+        // A try of the acquire may still land (held on its way, or behind
+        // a gateway that answered 5xx). The token is the caller's: they
+        // recover or release it once no try can land.
+        Ok(()) if late => eprintln!(
+            "volcano: warning: a try of the acquire may still be applied in the next {} s \
+             and hold {key} under your --token; acquire again with it, or release it, \
+             after then",
+            (locks.client().timeout() + volcano::LATE_TRY_MARGIN).as_secs()
+        ),
+        Ok(()) => {}
         // The token is the caller's: they can still release it.
-        eprintln!(
+        Err(err) => eprintln!(
             "volcano: warning: {key} may still be held under your --token until its ttl \
              (the release after the failed acquire failed: {err})"
-        );
+        ),
+    }
+}
+
+/// Releases `lease`; a `409` (another token holds the key) leaves nothing
+/// of this token's to release.
+async fn release_ignoring_conflict(locks: &Locks, lease: &LockLease) -> Result<(), Error> {
+    match locks.release(lease).await {
+        Err(Error::Conflict(_)) => Ok(()),
+        other => other,
     }
 }
 

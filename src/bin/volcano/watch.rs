@@ -104,7 +104,8 @@ pub(crate) async fn watch(
         tasks.spawn(async move {
             while let Some(item) = observe.next().await {
                 let pause = observe.next_look_in();
-                if sender.send((index, item, pause)).await.is_err() {
+                let ended = observe.is_ended();
+                if sender.send((index, item, pause, ended)).await.is_err() {
                     break;
                 }
             }
@@ -118,7 +119,7 @@ pub(crate) async fn watch(
     let mut early: Vec<LockChange> = Vec::new();
     let mut started = false;
     loop {
-        let (index, item, pause) = tokio::select! {
+        let (index, item, pause, ended) = tokio::select! {
             next = changes.recv() => match next {
                 Some(next) => next,
                 None => break,
@@ -128,8 +129,10 @@ pub(crate) async fn watch(
         };
         let change = match item {
             Ok(change) => change,
-            // A bad key, bad credentials: trying again will not help.
-            Err(err) if !err.is_transient() => return Err(Failure::from(err)),
+            // A bad key, bad credentials: the stream ended, as the
+            // library's observer decides (one rule for both: an answer it
+            // could not read, say, is looked at again).
+            Err(err) if ended => return Err(Failure::from(err)),
             Err(err) => {
                 said_failed(&keys[index], &err, pause);
                 continue;

@@ -10,7 +10,9 @@ use crate::lease::LockLease;
 use crate::locks::{Locks, RequestOptions};
 use crate::ops;
 use crate::retry::wait::{DEFAULT_POLL, LAST_TRY_LEAD};
+use crate::retry::LATE_TRY_MARGIN;
 use crate::validate;
+use tokio::time::Instant;
 
 /// A lease as a guard needs it: when it was asked for, and what the server
 /// granted by its own clock.
@@ -109,25 +111,34 @@ impl Owner {
 /// recovers by acquiring again with it, and a release sent behind its back
 /// could free the lease that recovery just obtained.
 ///
-/// If the acquire future is dropped while a try is in flight, or the call
-/// fails after a try whose outcome is unknown, `Drop` hands a release with
-/// the token to the client's background releases ([`Client::shutdown`]
-/// waits for them). Release is idempotent: freeing a lease that was never
-/// granted costs one request. It borrows what it would release from the
-/// acquire it guards (declared before it, so dropped after it): nothing is
-/// copied unless a release is sent.
+/// An outcome is a window, not an event: a try whose outcome became
+/// unknown at `t` (its error, its timeout, its future dropped) may still be
+/// applied until `t` plus its request timeout plus
+/// [`LATE_TRY_MARGIN`](crate::retry::LATE_TRY_MARGIN) (held in the
+/// network, or by a gateway that answered 503/504 and let the request go
+/// on). The undo owns the key until that window has closed: if the call
+/// fails, or its future is dropped, `Drop` hands [`release::undo`] to the
+/// client's background releases ([`Client::shutdown`] waits for them and
+/// names the key meanwhile): a release at once and another once no try can
+/// land. If the call succeeds after such a try, the window is remembered
+/// with the client, and a release of the lease before it closes is
+/// followed by another after it. Release is idempotent: freeing a lease
+/// that was never granted costs one request. It borrows what it would
+/// release from the acquire it guards (declared before it, so dropped
+/// after it): nothing is copied unless a release is sent.
 struct Undo<'a> {
     locks: &'a Locks,
     key: &'a str,
-    /// The longest a lease granted by a try may live from the moment the
-    /// undo begins: the ttl asked for, plus a request timeout (the last
-    /// try was sent before, and may still be applied up to its timeout
-    /// after it was sent: held in the network, or by the service).
-    live_for: Duration,
+    /// The ttl asked for: how long a late try's lease lives.
+    ttl: Duration,
+    /// Each try's timeout.
+    request_timeout: Duration,
     /// The generated token; `None` once there is nothing to undo.
     token: Option<&'a str>,
     in_flight: bool,
-    uncertain: bool,
+    /// The latest moment a try whose outcome is unknown may still be
+    /// applied; `None` while every try was answered.
+    land_by: Option<Instant>,
 }
 
 impl<'a> Undo<'a> {
@@ -141,10 +152,11 @@ impl<'a> Undo<'a> {
         Undo {
             locks,
             key,
-            live_for: ttl.saturating_add(request_timeout),
+            ttl,
+            request_timeout,
             token: generated,
             in_flight: false,
-            uncertain: false,
+            land_by: None,
         }
     }
 
@@ -154,10 +166,29 @@ impl<'a> Undo<'a> {
 
     fn answered<T>(&mut self, result: &Result<T>) {
         self.in_flight = false;
-        match result {
-            Ok(_) => self.token = None,
-            Err(err) if err.may_have_applied() => self.uncertain = true,
-            Err(_) => {}
+        if matches!(result, Err(err) if err.may_have_applied()) {
+            self.unknown_from_now();
+        }
+    }
+
+    /// A try's outcome became unknown now: it may land until its timeout
+    /// and the margin have passed.
+    fn unknown_from_now(&mut self) {
+        let late = self.request_timeout.saturating_add(LATE_TRY_MARGIN);
+        let by = Instant::now().checked_add(late);
+        let by = by.unwrap_or_else(|| Instant::now() + Duration::from_secs(86_400));
+        self.land_by = Some(self.land_by.map_or(by, |was| was.max(by)));
+    }
+
+    /// The acquisition succeeded: nothing to undo, but a try of it whose
+    /// outcome was unknown may still land after its lease is let go of.
+    fn granted(&mut self) {
+        let (Some(token), Some(land_by)) = (self.token.take(), self.land_by) else {
+            return;
+        };
+        if land_by > Instant::now() {
+            let background = self.locks.client().background();
+            background.late_window(self.key, token, land_by, self.ttl);
         }
     }
 }
@@ -167,7 +198,13 @@ impl Drop for Undo<'_> {
         let Some(token) = self.token.take() else {
             return;
         };
-        if !(self.in_flight || self.uncertain) || sabotaged!(NoUndo) {
+        if self.in_flight {
+            self.unknown_from_now();
+        }
+        let Some(land_by) = self.land_by else {
+            return;
+        };
+        if sabotaged!(NoUndo) {
             return;
         }
         let lease = LockLease::new(
@@ -176,12 +213,7 @@ impl Drop for Undo<'_> {
             chrono::DateTime::<chrono::Utc>::UNIX_EPOCH,
             0,
         );
-        release::in_background(
-            self.locks,
-            lease,
-            self.live_for,
-            "undo an acquire whose outcome is unknown",
-        );
+        release::undo(self.locks, lease, land_by, self.ttl);
     }
 }
 
@@ -249,7 +281,16 @@ pub(crate) async fn acquire(spec: Spec) -> Result<Measured> {
         }
     };
     crate::telemetry::acquired(started.elapsed(), options.wait.is_some(), &result);
-    if !generated && matches!(&result, Ok(_) | Err(Error::Conflict(_))) {
+    if result.is_ok() {
+        undo.granted();
+    }
+    drop(undo);
+    let settled = match &result {
+        Ok(_) => true,
+        Err(err @ Error::Conflict(_)) => !err.may_have_applied(),
+        Err(_) => false,
+    };
+    if !generated && settled {
         // Answered: a failed release of this token left nothing behind
         // (the lease is this acquire's, or another token's).
         background.forget(&key, &token);

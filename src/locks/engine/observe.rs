@@ -235,9 +235,15 @@ impl Observer {
         }
     }
 
+    /// See [`Observe::is_ended`](crate::Observe::is_ended).
+    pub(crate) fn is_ended(&self) -> bool {
+        self.ended
+    }
+
     /// The next change of the key, or failed look; `None` once a failure
     /// that another look will not mend was returned. Cancel-safe: dropped
-    /// while it waits or looks, it has changed nothing.
+    /// while it waits or looks, it has changed nothing but the time of
+    /// its next look.
     pub(crate) async fn next(&mut self, locks: &Locks) -> Option<Result<LockChange>> {
         if self.ended {
             return None;
@@ -272,8 +278,12 @@ impl Observer {
             // counts: the next waits its interval, so that a caller that
             // keeps dropping `next()` does not send a look each time.
             self.next_at = Some(sent + self.poll());
-            let special = std::mem::take(&mut self.special_next);
+            // Read, not taken: a `next()` dropped during the look leaves
+            // the next look what this one was (cancel safety: state
+            // changes only after the await that justifies it).
+            let special = self.special_next;
             let answer = super::requests::get(locks, &self.key, &RequestOptions::default()).await;
+            self.special_next = false;
             let received = Instant::now();
             match answer {
                 Ok((state, date)) => {

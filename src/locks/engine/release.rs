@@ -237,35 +237,122 @@ pub(crate) fn in_background(
         .background()
         .spawn_release(&key, &token, live_for, move |superseded| {
             Box::pin(async move {
-                match confirmed(&task_locks, &lease, persistence, Some(superseded)).await {
-                    Ok(Ended::Released) => {
-                        tracing::debug!(key = lease.key(), why, "lock released in the background");
-                        Settled::Freed
-                    }
-                    // The acquire that stopped it decides: until it holds
-                    // the lease again, the lease may still be live.
-                    Ok(Ended::Superseded) => Settled::MayBeHeld,
-                    Err(Failed {
-                        err: Error::Conflict(_),
-                        ..
-                    }) => {
-                        tracing::debug!(
-                            key = lease.key(),
-                            why,
-                            "another token holds the lock: nothing of ours to release"
-                        );
-                        Settled::Freed
-                    }
-                    Err(Failed { err, .. }) => {
-                        tracing::warn!(
-                            key = lease.key(),
-                            why,
-                            error = %crate::error::chain(&err),
-                            "background release failed; the lease expires at its ttl"
-                        );
-                        Settled::MayBeHeld
-                    }
-                }
+                let ended = confirmed(&task_locks, &lease, persistence, Some(superseded)).await;
+                settled(ended, &lease, why)
             })
         });
+}
+
+/// Undoes an acquisition with a token the SDK generated, whose outcome is
+/// unknown: releases at once (a try that already landed frees the key for
+/// the next holder now), then again once no try can land any more
+/// (`land_by`): a try held in the network, or behind a gateway that
+/// answered 503/504 and let it go on, may be applied after the first
+/// release, and would hold the key for `ttl` under a token nobody can
+/// name. The undo stays registered with the client until the second
+/// release is answered, so [`Client::shutdown`](crate::Client::shutdown)
+/// names the key until then.
+pub(crate) fn undo(locks: &Locks, lease: LockLease, land_by: Instant, ttl: Duration) {
+    until_no_try_lands(
+        locks,
+        lease,
+        true,
+        land_by,
+        ttl,
+        "undo an acquire whose outcome is unknown",
+    );
+}
+
+/// A lease of a generated token, released (or found another's) while a
+/// try of the acquisition that granted it may still land: one more
+/// release once none can (`land_by`), so that such a try does not hold the
+/// key for `ttl` after the lease was let go of.
+pub(crate) fn sweep(locks: &Locks, lease: LockLease, land_by: Instant, ttl: Duration) {
+    until_no_try_lands(
+        locks,
+        lease,
+        false,
+        land_by,
+        ttl,
+        "release again once a late try of the acquire can no longer land",
+    );
+}
+
+fn until_no_try_lands(
+    locks: &Locks,
+    lease: LockLease,
+    at_once: bool,
+    land_by: Instant,
+    ttl: Duration,
+    why: &'static str,
+) {
+    let live_for = land_by
+        .saturating_duration_since(Instant::now())
+        .saturating_add(ttl);
+    let task_locks = locks.clone();
+    let (key, token) = (lease.key().to_owned(), lease.token().to_owned());
+    locks
+        .client()
+        .background()
+        .spawn_release(&key, &token, live_for, move |superseded| {
+            Box::pin(async move {
+                if at_once {
+                    let until_landed = land_by.saturating_duration_since(Instant::now());
+                    let first = Persistence::background(&task_locks, until_landed);
+                    let first =
+                        confirmed(&task_locks, &lease, first, Some(superseded.clone())).await;
+                    if matches!(first, Ok(Ended::Superseded)) {
+                        return settled(first, &lease, why);
+                    }
+                    if sabotaged!(UndoEndsAtFirstRelease) {
+                        return Settled::Freed;
+                    }
+                }
+                tracing::debug!(
+                    key = lease.key(),
+                    why,
+                    wait_ms = land_by
+                        .saturating_duration_since(Instant::now())
+                        .as_millis() as u64,
+                    "waiting until a late try of the acquire can no longer land"
+                );
+                tokio::time::sleep_until(land_by).await;
+                let last = Persistence::background(&task_locks, ttl);
+                let ended = confirmed(&task_locks, &lease, last, Some(superseded)).await;
+                settled(ended, &lease, why)
+            })
+        });
+}
+
+/// How a background release's end counts for `Client::shutdown`.
+fn settled(ended: std::result::Result<Ended, Failed>, lease: &LockLease, why: &str) -> Settled {
+    match ended {
+        Ok(Ended::Released) => {
+            tracing::debug!(key = lease.key(), why, "lock released in the background");
+            Settled::Freed
+        }
+        // The acquire that stopped it decides: until it holds the lease
+        // again, the lease may still be live.
+        Ok(Ended::Superseded) => Settled::MayBeHeld,
+        Err(Failed {
+            err: Error::Conflict(_),
+            ..
+        }) => {
+            tracing::debug!(
+                key = lease.key(),
+                why,
+                "another token holds the lock: nothing of ours to release"
+            );
+            Settled::Freed
+        }
+        Err(Failed { err, .. }) => {
+            tracing::warn!(
+                key = lease.key(),
+                why,
+                error = %crate::error::chain(&err),
+                "background release failed; the lease expires at its ttl"
+            );
+            Settled::MayBeHeld
+        }
+    }
 }

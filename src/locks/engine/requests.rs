@@ -100,7 +100,16 @@ pub(crate) async fn release(
     validate::uuid("token", lease.token())?;
     let request_id = checked(options)?;
     let op = ops::Release { lease };
-    send(locks, &op, &request_id, options.timeout, Window::default()).await?;
+    let sent = send(locks, &op, &request_id, options.timeout, Window::default()).await;
+    if matches!(&sent, Ok(_) | Err(Error::Conflict(_))) {
+        // Not this token's now; but a try of the acquire that granted it
+        // may still land: release again once none can.
+        let background = locks.client().background();
+        if let Some((land_by, ttl)) = background.take_late_window(lease.key(), lease.token()) {
+            super::release::sweep(locks, lease.clone(), land_by, ttl);
+        }
+    }
+    sent?;
     locks.client().turns().freed(lease.key());
     tracing::debug!(
         key = lease.key(),

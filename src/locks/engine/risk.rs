@@ -98,6 +98,7 @@ mod tests {
             message: String::new(),
             request_id: None,
             retry_after: None,
+            after_uncertain: false,
         }))
     }
 

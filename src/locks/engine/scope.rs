@@ -24,7 +24,10 @@ use crate::locks::{AcquireOptions, LockGuard, LockSet, Locks};
 #[derive(Clone, Copy)]
 pub(crate) struct Ends<T, U> {
     /// The acquire failed: the scope's result, or the error to return.
-    pub(crate) not_acquired: fn(Error) -> Result<U, Error>,
+    /// What a failed acquisition returns; the flag says whether the SDK
+    /// undoes an outcome that may have been applied (its token was
+    /// generated) or the caller recovers it (the caller's token).
+    pub(crate) not_acquired: fn(Error, bool) -> Result<U, Error>,
     /// The closure ran and returned `T`.
     pub(crate) ran: fn(T) -> U,
 }
@@ -33,7 +36,7 @@ impl<T> Ends<T, T> {
     /// `with_lock`: every failure to acquire is an error.
     pub(crate) fn with_lock() -> Self {
         Ends {
-            not_acquired: Err,
+            not_acquired: |err, _| Err(err),
             ran: std::convert::identity,
         }
     }
@@ -43,8 +46,11 @@ impl<T> Ends<T, Option<T>> {
     /// `try_with_lock`: a lock held elsewhere is `None`.
     pub(crate) fn try_with_lock() -> Self {
         Ends {
-            not_acquired: |err| {
-                if err.is_lock_held() {
+            // A 409 after a try that may have been applied is held
+            // elsewhere too, unless the caller owns the token: then the
+            // caller must know, to recover the lease with it.
+            not_acquired: |err, undone| {
+                if err.is_lock_held() && (undone || !err.may_have_applied()) {
                     Ok(None)
                 } else {
                     Err(err)
@@ -104,8 +110,9 @@ where
     F: FnOnce(LockGuard) -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {
+    let undone = !matches!(spec.owner, super::Owner::Caller(_));
     if let Err(err) = check_min_hold(how.min_hold, spec.options.max_hold) {
-        return (ends.not_acquired)(err).map_err(into_err);
+        return (ends.not_acquired)(err, undone).map_err(into_err);
     }
     // Dropping this future from here on drops `held`, which stops the
     // renewal and hands the release to the client.
@@ -113,7 +120,7 @@ where
     // largest state, and the closure's state is the one that lasts.
     let held = match Box::pin(super::hold::hold(spec, Some(span))).await {
         Ok(held) => held,
-        Err(err) => return (ends.not_acquired)(err).map_err(into_err),
+        Err(err) => return (ends.not_acquired)(err, undone).map_err(into_err),
     };
     let guard = LockGuard::clone(&held);
     let state = guard.state.clone();

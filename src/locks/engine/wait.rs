@@ -115,8 +115,12 @@ pub(crate) struct Waiter {
     /// The newest other error worth waiting through (429, a 5xx, no answer).
     last_other: Option<Error>,
     /// The newest try whose outcome is unknown, while no later `409`
-    /// showed it did not take.
+    /// came.
     last_uncertain: Option<Error>,
+    /// A try whose outcome was unknown came before a later `409`: that
+    /// `409` answers the later try only (the earlier may still land), so a
+    /// timed-out wait's conflict says the acquire may have been applied.
+    uncertain_before_conflict: bool,
     /// The step being taken follows a look at the holder.
     looked: bool,
     /// The newest failed try had no answer (a transport failure, a 503)
@@ -148,6 +152,7 @@ impl Waiter {
             last_conflict: None,
             last_other: None,
             last_uncertain: None,
+            uncertain_before_conflict: false,
             looked: false,
             unanswered: false,
             failing_since: None,
@@ -223,9 +228,12 @@ impl Waiter {
         }
         let step = match &err {
             Error::Conflict(_) => {
-                // The lock is someone else's (or our lapsed lease's): no
-                // earlier try of ours holds it.
-                self.last_uncertain = None;
+                // The lock is someone else's (or our lapsed lease's) now;
+                // an earlier try of ours whose outcome is unknown may
+                // still land later.
+                if self.last_uncertain.take().is_some() || err.may_have_applied() {
+                    self.uncertain_before_conflict = true;
+                }
                 self.unanswered = false;
                 self.last_conflict = Some(err);
                 match self.toward_the_holder() {
@@ -343,10 +351,20 @@ impl Waiter {
         } else {
             None
         };
+        let uncertain = self.uncertain_before_conflict;
+        let conflict = || {
+            self.last_conflict.take().map(|conflict| {
+                if uncertain {
+                    conflict.after_uncertain_attempt()
+                } else {
+                    conflict
+                }
+            })
+        };
         self.last_uncertain
             .take()
             .or(unanswered)
-            .or_else(|| self.last_conflict.take())
+            .or_else(conflict)
             .or_else(|| self.last_other.take())
     }
 
@@ -427,6 +445,7 @@ mod tests {
             message: String::new(),
             request_id: None,
             retry_after,
+            after_uncertain: false,
         })
     }
 

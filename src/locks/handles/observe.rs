@@ -92,6 +92,15 @@ impl Observe {
     pub async fn next(&mut self) -> Option<Result<LockChange>> {
         self.observer.next(&self.locks).await
     }
+
+    /// True once the stream has ended: the error `next` just yielded was
+    /// one another look cannot mend (a bad key, a refused service key),
+    /// and `next` returns `None` from now on. What a consumer that shows
+    /// errors as they come (the CLI's `locks watch`) asks, so that it ends
+    /// exactly where the stream does.
+    pub fn is_ended(&self) -> bool {
+        self.observer.is_ended()
+    }
 }
 
 impl fmt::Debug for Observe {
