@@ -56,6 +56,18 @@ pub enum FaultKind {
     /// Apply the request, then answer with its status and a body that is
     /// not JSON (a proxy's page). A `204` has no body to garble.
     GarbledResponse,
+    /// A gateway in front of the service: it answers `status` (a 5xx) after
+    /// `patience_ms`, while the request goes on and is applied
+    /// `apply_after_ms` after it arrived, whether or not its client is
+    /// still there (either may come first).
+    Gateway {
+        /// The gateway's answer (500..=599: 502, 503 or 504 typically).
+        status: u16,
+        /// Milliseconds until the gateway answers.
+        patience_ms: u64,
+        /// Milliseconds until the service applies the request.
+        apply_after_ms: u64,
+    },
 }
 
 /// A fault to inject with `MockServer::inject`.
@@ -125,6 +137,7 @@ fn kind_members(kind: Option<&str>) -> &'static [&'static str] {
         Some("status") => &["status"],
         Some("delay") => &["delay_ms", "ms"],
         Some("delay_response") => &["ms"],
+        Some("gateway") => &["status", "patience_ms", "apply_after_ms"],
         _ => &[],
     }
 }
@@ -216,6 +229,32 @@ impl Fault {
         Self::new(FaultKind::GarbledResponse)
     }
 
+    /// Play a gateway that gives up on the service: the client gets
+    /// `status` (a 5xx: 502, 503 or 504) and the service's error body
+    /// after `patience`, while the request goes on and is applied
+    /// `applied_after` after it arrived (journaled then, with the status
+    /// the service answered, which nobody receives), whether or not its
+    /// client is still there. With `applied_after` under `patience` it is
+    /// applied first and the gateway still answers `status`. An acquire
+    /// answered 504 can so take the key after its client has undone it.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// # use volcano_mock_server::{Fault, Operation};
+    /// // 504 after 400 ms; the acquire takes the key 1.5 s after it arrived.
+    /// let fault = Fault::gateway(504, Duration::from_millis(400), Duration::from_millis(1500))
+    ///     .on(Operation::Acquire)
+    ///     .times(1);
+    /// # let _ = fault;
+    /// ```
+    pub fn gateway(status: u16, patience: Duration, applied_after: Duration) -> Self {
+        Self::new(FaultKind::Gateway {
+            status,
+            patience_ms: millis(patience),
+            apply_after_ms: millis(applied_after),
+        })
+    }
+
     /// Limit the fault to one operation.
     pub fn on(mut self, operation: Operation) -> Self {
         self.operation = operation;
@@ -252,6 +291,8 @@ pub const MAX_FAULTS: usize = 1024;
 pub enum InvalidFault {
     /// A status fault's status is not a final HTTP status.
     Status(u16),
+    /// A gateway fault's status is not a server error (5xx).
+    GatewayStatus(u16),
     /// The fault's key is not a lock key, so no lock request could match it.
     Key(String),
     /// [`MAX_FAULTS`] faults are pending.
@@ -264,6 +305,11 @@ impl std::fmt::Display for InvalidFault {
             InvalidFault::Status(status) => write!(
                 f,
                 "fault status {status} is not a final HTTP status: use 200..=599"
+            ),
+            InvalidFault::GatewayStatus(status) => write!(
+                f,
+                "gateway status {status} is not a server error: a gateway answers 500..=599 \
+                 (502, 503 or 504)"
             ),
             InvalidFault::Key(key) => write!(
                 f,
@@ -284,10 +330,14 @@ impl std::error::Error for InvalidFault {}
 impl Fault {
     /// Checks that the fault can take effect as asked.
     pub fn validate(&self) -> Result<(), InvalidFault> {
-        if let FaultKind::Status { status } = self.kind {
-            if !(200..=599).contains(&status) {
+        match self.kind {
+            FaultKind::Status { status } if !(200..=599).contains(&status) => {
                 return Err(InvalidFault::Status(status));
             }
+            FaultKind::Gateway { status, .. } if !(500..=599).contains(&status) => {
+                return Err(InvalidFault::GatewayStatus(status));
+            }
+            _ => {}
         }
         match &self.key {
             Some(key) if !crate::state::valid_key(key) => {
@@ -332,5 +382,38 @@ mod tests {
             serde_json::to_value(FaultKind::DelayResponse { ms: 250 }).unwrap(),
             serde_json::json!({"kind": "delay_response", "ms": 250})
         );
+        let parsed: Fault = serde_json::from_str(
+            r#"{"kind":"gateway","status":504,"patience_ms":400,"apply_after_ms":1500,"operation":"acquire","times":1}"#,
+        )
+        .unwrap();
+        assert_eq!(
+            parsed,
+            Fault::gateway(504, Duration::from_millis(400), Duration::from_millis(1500))
+                .on(Operation::Acquire)
+                .times(1)
+        );
+        let unknown = serde_json::from_str::<Fault>(
+            r#"{"kind":"gateway","status":504,"patience_ms":400,"apply_after":1500}"#,
+        )
+        .unwrap_err();
+        assert!(
+            unknown
+                .to_string()
+                .contains("unknown member \"apply_after\""),
+            "{unknown}"
+        );
+    }
+
+    #[test]
+    fn a_gateway_answers_only_with_a_server_error() {
+        let at = |status| Fault::gateway(status, Duration::ZERO, Duration::ZERO).validate();
+        for status in [200, 204, 409, 429, 499, 600] {
+            let refused = at(status).unwrap_err();
+            assert_eq!(refused, InvalidFault::GatewayStatus(status));
+            assert!(refused.to_string().contains("500..=599"), "{refused}");
+        }
+        for status in [500, 502, 503, 504, 599] {
+            assert_eq!(at(status), Ok(()));
+        }
     }
 }

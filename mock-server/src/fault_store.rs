@@ -30,8 +30,8 @@ pub(crate) struct Planned {
     /// Wait after applying, before answering (every matching
     /// `delay_response`, added up).
     pub(crate) delay_response: Duration,
-    /// The first matching status, drop_response, reset or
-    /// garbled_response fault.
+    /// The first matching status, drop_response, reset,
+    /// garbled_response or gateway fault.
     pub(crate) action: Option<FaultKind>,
 }
 

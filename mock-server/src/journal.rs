@@ -26,7 +26,8 @@ pub struct RecordedRequest {
     /// Arrival order, from 1.
     pub seq: u64,
     /// Server time when the request was handled (after any injected delay,
-    /// before any delay_response).
+    /// before any delay_response; for a gateway fault, when the service
+    /// applied it, not when the gateway answered).
     pub at: DateTime<Utc>,
     /// The operation.
     pub operation: Operation,
@@ -35,12 +36,13 @@ pub struct RecordedRequest {
     /// The `X-Volcano-Request-Id` header, if it was valid UTF-8.
     pub request_id: Option<String>,
     /// The status sent, or that would have been sent when the response was
-    /// dropped; `None` when the connection was reset before applying.
+    /// dropped (or the service's, when a gateway answered in its place);
+    /// `None` when the connection was reset before applying.
     pub status: Option<u16>,
     /// The injected fault that shaped this answer, if any. When several
-    /// did, a status, drop_response, reset or garbled_response fault is
-    /// shown first, then delay_response, then delay; matching delays (or
-    /// delay_responses) are shown added up.
+    /// did, a status, drop_response, reset, garbled_response or gateway
+    /// fault is shown first, then delay_response, then delay; matching
+    /// delays (or delay_responses) are shown added up.
     pub fault: Option<FaultKind>,
     /// The fencing token granted or reported (acquire, renew, get).
     pub fencing_token: Option<i64>,

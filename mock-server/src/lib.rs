@@ -27,16 +27,21 @@
 //! Faults: [`Fault::status`] answers without applying, [`Fault::drop_response`]
 //! applies and closes the connection unanswered, [`Fault::reset`] closes it
 //! before applying, [`Fault::delay`] waits before applying, and
-//! [`Fault::delay_response`] applies at once and then holds the answer.
+//! [`Fault::delay_response`] applies at once and then holds the answer,
+//! [`Fault::garbled_response`] applies and answers with a body that is not
+//! JSON, and [`Fault::gateway`] answers a 5xx after its patience while the
+//! request goes on and is applied on its own time.
 //! Every answer's `Date` header is read from the movable clock, as a real
 //! server's is from its own.
 //!
 //! The same controls are served over HTTP under `/__mock/` (no credential):
 //! `POST /__mock/faults` (a [`Fault`] as JSON, e.g.
 //! `{"kind":"status","status":503,"operation":"acquire","times":1}` or
-//! `{"kind":"delay_response","ms":1500,"operation":"renew","times":1}`;
-//! 201; 400 for a status outside 200..=599 or a key no lock request can
-//! have; 409 once [`MAX_FAULTS`] are pending),
+//! `{"kind":"delay_response","ms":1500,"operation":"renew","times":1}` or
+//! `{"kind":"gateway","status":504,"patience_ms":400,"apply_after_ms":1500,"operation":"acquire","times":1}`;
+//! 201; 400 for a status outside 200..=599 (a gateway's outside
+//! 500..=599) or a key no lock request can have; 409 once [`MAX_FAULTS`]
+//! are pending),
 //! `DELETE /__mock/faults`, `POST /__mock/advance` (`{"seconds": 31}`; 400
 //! for a negative or invalid number, or one past the clock's limit),
 //! `GET /__mock/requests`, `GET /__mock/locks`, `POST /__mock/reset`.
@@ -180,7 +185,8 @@ impl MockServer {
     /// # Panics
     ///
     /// When the fault is refused (see [`MockServer::try_inject`]): a status
-    /// outside 200..=599, a key no lock request can have, or
+    /// outside 200..=599 (a gateway's outside 500..=599), a key no lock
+    /// request can have, or
     /// [`MAX_FAULTS`] faults already pending. A test that injects such a
     /// fault would otherwise test nothing.
     pub fn inject(&self, fault: Fault) {

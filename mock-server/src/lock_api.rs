@@ -1,8 +1,9 @@
 //! The five lock endpoints over the lock store: auth, the quota and
 //! validation in the contract's order, then the injected faults (delay,
-//! status, reset, drop_response, delay_response, garbled_response), then
-//! the store, then the answer. Each lock request is journaled in exactly one place,
-//! [`lock_endpoint`], whatever became of it.
+//! status, reset, drop_response, delay_response, garbled_response,
+//! gateway), then the store, then the answer. Each lock request is
+//! journaled in exactly one place, [`lock_endpoint`], whatever became of
+//! it (behind a gateway, when the service applied it).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -80,7 +81,9 @@ pub(crate) async fn lock_endpoint(
 /// A request held by a `delay` fault is a request on a slow network: once
 /// it has arrived it is applied, even if its client has given up meanwhile
 /// (the wait runs in a task of its own, which a closed connection does not
-/// cancel).
+/// cancel). Behind a `gateway` fault the client gets the gateway's 5xx
+/// after its patience, and the request is applied on its own time, in a
+/// task of its own, its clock read when it is applied.
 async fn handle(
     shared: Arc<Shared>,
     route: Route,
@@ -99,6 +102,7 @@ async fn handle(
         }
     };
     let planned = shared.faults.plan(route.op, &route.key);
+    let gateway_clock = Arc::clone(&shared);
     let apply = move |mut entry: RecordedRequest| {
         let now = shared.clock.now();
         entry.at = now;
@@ -112,6 +116,33 @@ async fn handle(
         shared.journal.record(entry);
         (outcome, planned.delay_response)
     };
+    if let Some(FaultKind::Gateway {
+        status,
+        patience_ms,
+        apply_after_ms,
+    }) = planned.action
+    {
+        // The gateway has passed the request on: the service applies it
+        // in a task of its own, which neither the gateway's answer nor a
+        // closed connection cancels. Both times count from the end of any
+        // delay (the request reached the gateway then).
+        let to_service = planned
+            .delay
+            .saturating_add(Duration::from_millis(apply_after_ms));
+        tokio::spawn(async move {
+            tokio::time::sleep(to_service).await;
+            // The service's answer: journaled, never sent.
+            drop(apply(entry));
+        });
+        let patience = planned
+            .delay
+            .saturating_add(Duration::from_millis(patience_ms));
+        tokio::time::sleep(patience).await;
+        let mut response = fault_response(status).into_response();
+        let now = gateway_clock.clock.now();
+        response.headers_mut().insert(header::DATE, http_date(now));
+        return (Outcome::Respond(response), planned.delay_response);
+    }
     if planned.delay.is_zero() {
         return apply(entry);
     }
@@ -184,6 +215,12 @@ fn outcome(
                 {
                     entry.fault = Some(kind);
                     respond(garbled(response.status()))
+                }
+                // The service's own answer, which the gateway in front
+                // of it does not pass on (see `handle`).
+                Some(kind @ FaultKind::Gateway { .. }) => {
+                    entry.fault = Some(kind);
+                    respond(response)
                 }
                 _ => respond(response),
             }

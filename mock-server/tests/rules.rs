@@ -4,7 +4,7 @@ use std::time::Duration;
 
 use reqwest::{Method, StatusCode};
 use serde_json::{json, Value};
-use volcano_mock_server::{Fault, FaultKind, MockServer, Operation};
+use volcano_mock_server::{Fault, FaultKind, InvalidFault, MockServer, Operation};
 
 const A: &str = "aaaaaaaa-aaaa-4aaa-8aaa-aaaaaaaaaaaa";
 const B: &str = "bbbbbbbb-bbbb-4bbb-8bbb-bbbbbbbbbbbb";
@@ -665,6 +665,210 @@ async fn a_garbled_response_is_applied_and_cannot_be_read() {
     assert_eq!(faults, [Some(FaultKind::GarbledResponse), None]);
 }
 
+/// A gateway answers 504 after its patience; the acquire behind it goes
+/// on and takes the key later, under the token its client was told
+/// nothing about.
+#[tokio::test]
+async fn a_gateway_answers_5xx_and_its_request_takes_the_key_later() {
+    let server = MockServer::start().await;
+    let raw = Raw::new(&server);
+    let (patience, applied_after) = (Duration::from_millis(400), Duration::from_millis(1500));
+    server.inject(
+        Fault::gateway(504, patience, applied_after)
+            .on(Operation::Acquire)
+            .times(1),
+    );
+    let started = tokio::time::Instant::now();
+    let answered = raw.acquire("job", A, 30).await;
+    let waited = started.elapsed();
+    assert_error(&answered, 504, None);
+    assert!(
+        waited >= patience && waited < applied_after,
+        "answered after {waited:?}"
+    );
+    // Not applied yet: the key is free, and the journal has no acquire.
+    assert_eq!(raw.get("job").await.body["held"], false);
+    assert!(server
+        .requests()
+        .iter()
+        .all(|r| r.operation != Operation::Acquire));
+    let applied = server
+        .wait_for(Operation::Acquire, 201, Duration::from_secs(5))
+        .await
+        .expect("the acquire behind the gateway was applied");
+    assert!(
+        started.elapsed() >= applied_after,
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(
+        applied.fault,
+        Some(FaultKind::Gateway {
+            status: 504,
+            patience_ms: 400,
+            apply_after_ms: 1500
+        })
+    );
+    assert_eq!(applied.fencing_token, Some(1));
+    assert_eq!(applied.request_id.as_deref(), Some(RID));
+    // Held by A's token: B is refused, A re-acquires its own lease.
+    let state = raw.get("job").await;
+    assert_eq!(
+        (state.body["held"].clone(), state.fence()),
+        (json!(true), 1)
+    );
+    assert_error(&raw.acquire("job", B, 30).await, 409, Some("lock_held"));
+    let again = raw.acquire("job", A, 30).await;
+    assert_eq!((again.status.as_u16(), again.fence()), (201, 1));
+}
+
+/// Applied before the gateway gives up (the lease is there while the
+/// answer is due), and applied when its client has gone.
+#[tokio::test]
+async fn a_gateways_request_is_applied_whether_or_not_its_client_waits() {
+    let server = MockServer::start().await;
+    let raw = std::sync::Arc::new(Raw::new(&server));
+    let patience = Duration::from_millis(1500);
+    server.inject(
+        Fault::gateway(503, patience, Duration::from_millis(100))
+            .on(Operation::Acquire)
+            .times(1),
+    );
+    let started = tokio::time::Instant::now();
+    let acquire = tokio::spawn({
+        let raw = raw.clone();
+        async move { raw.acquire("job", A, 30).await }
+    });
+    // Each look is a full request (not a sleep).
+    loop {
+        let state = raw.get("job").await;
+        if state.body["held"] == true {
+            assert_eq!(state.fence(), 1);
+            break;
+        }
+        assert!(
+            !acquire.is_finished() && started.elapsed() < patience,
+            "the lease was not there before the gateway answered"
+        );
+    }
+    let answered = acquire.await.unwrap();
+    assert!(started.elapsed() >= patience, "{:?}", started.elapsed());
+    assert_error(&answered, 503, Some("lock_service_unavailable"));
+
+    // A client that gives up before the gateway answers: its acquire is
+    // applied all the same.
+    server.inject(
+        Fault::gateway(502, Duration::from_secs(30), Duration::from_millis(300))
+            .on(Operation::Acquire)
+            .times(1),
+    );
+    let gave_up = reqwest::Client::new()
+        .post(format!("{}/locks/other/lease", server.url()))
+        .bearer_auth(server.service_key())
+        .header("x-volcano-request-id", RID)
+        .header("x-volcano-lock-token", B)
+        .body(r#"{"ttl_seconds":30}"#)
+        .timeout(Duration::from_millis(100))
+        .send()
+        .await;
+    assert!(gave_up.unwrap_err().is_timeout());
+    let applied = tokio::time::timeout(Duration::from_secs(5), async {
+        loop {
+            let state = raw.get("other").await;
+            if state.body["held"] == true {
+                break state;
+            }
+        }
+    })
+    .await
+    .expect("applied though its client had gone");
+    assert_error(&raw.acquire("other", A, 30).await, 409, Some("lock_held"));
+    let again = raw.acquire("other", B, 30).await;
+    assert_eq!(
+        (again.status.as_u16(), again.fence()),
+        (201, applied.fence())
+    );
+    let journal = server.requests();
+    let other = journal
+        .iter()
+        .find(|r| r.operation == Operation::Acquire && r.key == "other")
+        .expect("journaled");
+    assert_eq!(other.status, Some(201), "the service's status");
+}
+
+#[tokio::test]
+async fn a_gateway_fault_over_http_json_and_its_status_checked() {
+    let server = MockServer::start().await;
+    let raw = Raw::new(&server);
+    let http = reqwest::Client::new();
+    let faults = format!("{}/__mock/faults", server.url());
+    let added = http
+        .post(&faults)
+        .body(r#"{"kind":"gateway","status":504,"patience_ms":400,"apply_after_ms":1500,"operation":"acquire","times":1}"#)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(added.status(), 201);
+    let started = tokio::time::Instant::now();
+    assert_error(&raw.acquire("job", A, 30).await, 504, None);
+    assert!(started.elapsed() >= Duration::from_millis(400));
+    assert_eq!(raw.get("job").await.body["held"], false);
+    let applied = server
+        .wait_for(Operation::Acquire, 201, Duration::from_secs(5))
+        .await
+        .expect("applied");
+    assert!(started.elapsed() >= Duration::from_millis(1500));
+    assert_eq!(
+        applied.fault,
+        Some(FaultKind::Gateway {
+            status: 504,
+            patience_ms: 400,
+            apply_after_ms: 1500
+        })
+    );
+    // The journal over HTTP shows the fault as JSON went in.
+    let journal: Value = http
+        .get(format!("{}/__mock/requests", server.url()))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let entry = journal
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|r| r["operation"] == "acquire")
+        .unwrap();
+    assert_eq!(
+        entry["fault"],
+        json!({"kind": "gateway", "status": 504, "patience_ms": 400, "apply_after_ms": 1500})
+    );
+    assert_eq!(entry["status"], 201);
+
+    // A gateway answers with a server error, nothing else.
+    for status in [200, 409, 429] {
+        let body =
+            format!(r#"{{"kind":"gateway","status":{status},"patience_ms":1,"apply_after_ms":1}}"#);
+        let refused = http.post(&faults).body(body).send().await.unwrap();
+        assert_eq!(refused.status(), 400, "{status}");
+        let said = refused.text().await.unwrap();
+        assert!(
+            said.contains(&format!("gateway status {status} is not a server error"))
+                && said.contains("500..=599"),
+            "{said}"
+        );
+        let from_rust = server.try_inject(Fault::gateway(status, Duration::ZERO, Duration::ZERO));
+        assert_eq!(from_rust, Err(InvalidFault::GatewayStatus(status)));
+    }
+    assert_eq!(
+        raw.release("job", A).await.status,
+        204,
+        "no refused fault was added"
+    );
+}
+
 #[tokio::test]
 async fn delay_fault_holds_the_request() {
     let server = MockServer::start().await;
@@ -1095,6 +1299,10 @@ async fn a_fault_with_a_member_it_does_not_know_is_refused_by_name() {
         (r#"{"kind":"status","status":503,"ms":5}"#, "ms"),
         (r#"{"kind":"drop_response","status":503}"#, "status"),
         (r#"{"kind":"delay_response","delay_ms":5}"#, "delay_ms"),
+        (
+            r#"{"kind":"gateway","status":504,"patience_ms":5,"ms":5}"#,
+            "ms",
+        ),
     ] {
         let refused = http.post(&faults).body(body).send().await.unwrap();
         assert_eq!(refused.status(), 400, "{body}");
