@@ -350,7 +350,15 @@ impl Try<'_> {
                     ticket.trying();
                     let window = waiter.window();
                     match self.once(window, undo).await {
-                        Ok(measured) => return Ok(measured),
+                        Ok(measured) => {
+                            // Answered: a leader's status stops saying
+                            // unreachable even if its term never begins
+                            // (lost at once, say after a suspend).
+                            if let (Some(reach), Some(_)) = (self.reach, waiter.failing_since()) {
+                                reach(None);
+                            }
+                            return Ok(measured);
+                        }
                         Err(err) => {
                             let was = waiter.failing_since();
                             waiter.failed(&err);
