@@ -45,16 +45,25 @@ mod thrift;
 mod truth;
 mod turns;
 
+pub(crate) use self::leaks::Late;
 pub(crate) use self::run::Server;
 
-/// Every check; the violations found, and the belief margin of every
-/// loss (`check/margin.rs`), in milliseconds.
+/// What the checks found: the violations, the belief margin of every
+/// loss (`check/margin.rs`), in milliseconds, and what the leak checks
+/// excused by the bound or saw after a 409 (`check/leaks.rs`).
+pub(crate) struct Found {
+    pub(crate) violations: Vec<String>,
+    pub(crate) margins_ms: Vec<i64>,
+    pub(crate) late: Late,
+}
+
+/// Every check, and what they found.
 pub(crate) fn all(
     events: &[Stamped],
     server: &Server,
     end: Duration,
     clock_rate: Option<f64>,
-) -> (Vec<String>, Vec<i64>) {
+) -> Found {
     let mut run = Run::new(events, server, end);
     run.drift_slack = drift_slack(clock_rate);
     run.clock_rate = clock_rate.unwrap_or(1.0);
@@ -66,7 +75,7 @@ pub(crate) fn all(
     safety::writes(&run, out);
     safety::fences(&run, out);
     safety::within_lease(&run, out);
-    leaks::undone(&run, out);
+    let late = leaks::undone(&run, out);
     leaks::no_needless_undo(&run, out);
     leaks::at_end(&run, out);
     leaks::reported_at_shutdown(&run, out);
@@ -105,7 +114,11 @@ pub(crate) fn all(
     leader::makes_way(&run, out);
     leader::says_unreachable(&run, out);
     asked::options_reach_the_wire(&run, out);
-    (violations, margin::of_losses(&run))
+    Found {
+        violations,
+        margins_ms: margin::of_losses(&run),
+        late,
+    }
 }
 
 /// How far past the server's expiry a guard on a clock running at `rate`

@@ -203,8 +203,45 @@ impl Driver {
             .map(|(&(holder, _), _)| holder)
     }
 
+    /// How long after it arrived a request held on its way (an acquire's
+    /// delay) or behind a gateway is applied: nine in ten within 8 s
+    /// (inside the window of an attempt with the client's 10 s timeout,
+    /// `sent + timeout + LATE_MARGIN`), one in ten from 12.5 s to 14.5 s,
+    /// beyond any attempt's window (the checks excuse and count those,
+    /// and those beyond a shorter timeout's window).
+    fn applied_after(&mut self) -> Duration {
+        let ms = if self.rng.random_bool(0.1) {
+            self.rng.random_range(12_500..14_500)
+        } else {
+            self.rng.random_range(0..8_000)
+        };
+        Duration::from_millis(ms)
+    }
+
+    /// The keys a live program believes it holds now.
+    fn held_keys(&self) -> Vec<String> {
+        let mut holding: BTreeMap<(usize, String), bool> = BTreeMap::new();
+        for e in self.log.events() {
+            match e.event {
+                Event::Believes { client, key, .. } => {
+                    holding.insert((client, key), true);
+                }
+                Event::Ended { client, key, .. } => {
+                    holding.insert((client, key), false);
+                }
+                _ => {}
+            }
+        }
+        let keys: std::collections::BTreeSet<String> = holding
+            .into_iter()
+            .filter(|((client, _), held)| *held && !self.crashed.contains(client))
+            .map(|((_, key), _)| key)
+            .collect();
+        keys.into_iter().collect()
+    }
+
     /// A fault of the server's own: an answer status, a dropped answer, a
-    /// held answer, a reset.
+    /// held answer, a reset, a gateway's answer.
     fn server_fault(&mut self, lasting: Duration) -> String {
         let ops = [
             Operation::Acquire,
@@ -214,8 +251,8 @@ impl Driver {
             Operation::ForceRelease,
         ];
         let mut op = ops[self.rng.random_range(0..ops.len())];
-        let times = self.rng.random_range(1..=3);
-        let (fault, kind) = match self.rng.random_range(0..9) {
+        let mut times = self.rng.random_range(1..=3);
+        let (fault, kind) = match self.rng.random_range(0..11) {
             // A release, a renewal, an acquire or a look refused for good
             // (a rotated or revoked key; a look also a 400 or 404): a
             // refused release leaves the lease until its ttl, and
@@ -250,16 +287,47 @@ impl Driver {
                 (Fault::status(status), status.to_string())
             }
             // The request held on its way, then applied (also when its
-            // client has given up meanwhile). Not an acquire: an acquire
-            // applied after the release that undoes it holds the key for
-            // its ttl, a gap the SDK does not close (docs/correctness.md).
+            // client has given up meanwhile, and after the release that
+            // undoes an acquire: the undo releases again once the try's
+            // window has closed).
             7 => {
-                if op == Operation::Acquire {
-                    op = Operation::Renew;
-                }
+                let delay = if op == Operation::Acquire {
+                    self.applied_after()
+                } else {
+                    lasting
+                };
+                (Fault::delay(delay), format!("delay-request of {delay:?}"))
+            }
+            // A gateway that gives up on the service: its 5xx after its
+            // patience, the request applied on its own time.
+            9 => {
+                let status = [502, 503, 504][self.rng.random_range(0..3)];
+                let patience = Duration::from_millis(self.rng.random_range(100..4_000));
+                let applied = self.applied_after();
                 (
-                    Fault::delay(lasting),
-                    format!("delay-request of {lasting:?}"),
+                    Fault::gateway(status, patience, applied),
+                    format!("gateway {status} after {patience:?}, applied after {applied:?}"),
+                )
+            }
+            // An acquire of a key another program holds, answered 503 at
+            // once and applied seconds later: its single retry is
+            // answered 409 while the first attempt is still on its way,
+            // and takes the key if the holder lets go meanwhile.
+            10 => {
+                let held = self.held_keys();
+                let key = match held.len() {
+                    0 => format!("key-{}", self.rng.random_range(0..self.options.keys)),
+                    n => held[self.rng.random_range(0..n)].clone(),
+                };
+                let patience = Duration::from_millis(self.rng.random_range(50..500));
+                let applied = Duration::from_millis(self.rng.random_range(2_000..8_000));
+                (op, times) = (Operation::Acquire, 1);
+                (
+                    Fault::gateway(503, patience, applied).key(key.as_str()),
+                    format!(
+                        "gateway-behind-holder 503 after {patience:?}, applied after \
+                         {applied:?}, of {key}"
+                    ),
                 )
             }
             // Applied, and answered with a body the client cannot read

@@ -131,6 +131,7 @@ fn main() -> ExitCode {
     let (mut violations, mut faults, mut events, mut failed) = (0, 0, 0, Vec::new());
     let mut kinds = std::collections::BTreeMap::<String, usize>::new();
     let mut margins = Vec::new();
+    let (mut beyond_bound, mut after_a_409) = (0, 0);
     for seed in args.first..args.first.saturating_add(args.seeds) {
         let outcome = run(seed, &args.options);
         if args.each {
@@ -148,6 +149,8 @@ fn main() -> ExitCode {
         }
         events += outcome.events;
         margins.extend_from_slice(&outcome.margins_ms);
+        beyond_bound += outcome.late_beyond_bound;
+        after_a_409 += outcome.granted_after_a_409;
         if let Some(path) = &args.trace {
             if let Err(err) = std::fs::write(path, &outcome.trace) {
                 eprintln!("could not write {path}: {err}");
@@ -183,6 +186,10 @@ fn main() -> ExitCode {
     let kinds: Vec<String> = kinds.iter().map(|(k, n)| format!("{k} {n}")).collect();
     eprintln!("faults by kind: {}", kinds.join(", "));
     eprintln!("{}", margin_line(&mut margins));
+    eprintln!(
+        "late tries beyond the bound (sent + timeout + 2 s), excused: {beyond_bound}; \
+         unseen grants after a 409 to their acquire: {after_a_409}"
+    );
     println!(
         "sim: {} seeds, {violations} violations, {faults} faults, {events} events",
         args.seeds

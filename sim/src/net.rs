@@ -13,6 +13,14 @@ use hyper_util::rt::TokioIo;
 use volcano::sim::{Answer, Failure, Network};
 use volcano_mock_server::Operation;
 
+/// How long after an attempt's own window (`sent + timeout`) a try of it
+/// may still be applied and be bounded by its client: the SDK's undo
+/// releases again once `unknown + timeout + LATE_MARGIN` has passed (its
+/// outcome became unknown at or after it was sent). A try applied later
+/// (held in the network, or behind a gateway, for longer) is beyond what
+/// a client can bound: the checks excuse it, by name, and count it.
+pub(crate) const LATE_MARGIN: Duration = Duration::from_secs(2);
+
 /// The server's name on the simulated network, and its port.
 pub(crate) const SERVER: &str = "server";
 pub(crate) const PORT: u16 = 80;
@@ -42,6 +50,11 @@ pub(crate) struct Attempt {
     pub(crate) ttl_seconds: Option<i64>,
     /// When it was sent (simulated time).
     pub(crate) sent: Duration,
+    /// Its request timeout as it went out: the operation's `.timeout(..)`
+    /// or the client's, cut to a wait's deadline. Its client gives it up
+    /// by `sent + timeout`; a try of it applied later than `sent + timeout
+    /// + LATE_MARGIN` is beyond what a client can bound.
+    pub(crate) timeout: Duration,
     /// The answer, if one came back whole.
     pub(crate) answer: Option<Observed>,
     /// When its client saw it fail without an answer (no connection, a
@@ -106,7 +119,7 @@ impl Network for SimNetwork {
         request: reqwest::Request,
     ) -> Pin<Box<dyn Future<Output = Result<Answer, Failure>> + Send + '_>> {
         let timeout = request.timeout().copied().unwrap_or(self.timeout);
-        let attempt = self.record(&request);
+        let attempt = self.record(&request, timeout);
         if attempt.is_some() {
             self.sent_count.send_modify(|n| *n += 1);
         }
@@ -142,7 +155,7 @@ impl Network for SimNetwork {
 impl SimNetwork {
     /// Notes who sent `request`, and the attempt; returns the attempt's
     /// index when it is a lock request.
-    fn record(&self, request: &reqwest::Request) -> Option<usize> {
+    fn record(&self, request: &reqwest::Request, timeout: Duration) -> Option<usize> {
         let header = |name: &str| {
             request
                 .headers()
@@ -164,6 +177,7 @@ impl SimNetwork {
             token: header("x-volcano-lock-token"),
             ttl_seconds: body.and_then(|b| member(b, "ttl_seconds")),
             sent: now,
+            timeout,
             answer: None,
             failed: None,
             garbled: None,

@@ -115,6 +115,31 @@ fn finds_an_uncertain_acquire_that_is_not_undone() {
     assert!(violation.contains("not undone"), "seed {seed}: {violation}");
 }
 
+/// An undo that stops at its first answered release: a try applied after
+/// it (behind a gateway, held in the network) takes the key under a token
+/// nobody can name.
+#[test]
+fn finds_an_undo_that_ends_at_its_first_release() {
+    let found = first_with(Sabotage::UndoEndsAtFirstRelease, "undone too soon");
+    let (seed, violation) = found.expect("found within the bound");
+    assert!(
+        violation.contains("whose outcome it never saw") && violation.contains("window until"),
+        "seed {seed}: {violation}"
+    );
+}
+
+/// A retry answered 409 taken to settle the first attempt too: the first
+/// attempt, still on its way, takes the key later and is never undone.
+#[test]
+fn finds_a_retry_that_settles_what_its_first_attempt_did() {
+    let found = first_with(
+        Sabotage::RetrySettlesAll,
+        "answered 409 before this try was applied",
+    );
+    let (seed, violation) = found.expect("found within the bound");
+    assert!(violation.contains("not undone"), "seed {seed}: {violation}");
+}
+
 #[test]
 fn finds_a_lease_timed_from_its_answer() {
     let (seed, violation) =

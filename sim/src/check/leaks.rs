@@ -6,25 +6,158 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
-use volcano_mock_server::{Operation, RecordedRequest};
+use volcano_mock_server::{FaultKind, Operation};
 
 use super::run::Run;
 use crate::log::Event;
+use crate::net::{Attempt, LATE_MARGIN};
 
-/// A grant no program learned of (an acquire whose outcome it never saw)
-/// is undone: its client sends a release for the key (it may not arrive on
-/// a broken network, and then the lease lives out its ttl), or its
-/// `shutdown` reports the key. A crashed client is excused.
-pub(super) fn undone(run: &Run<'_>, out: &mut Vec<String>) {
+/// What the leak checks excused by the bound, counted for the report.
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Late {
+    /// Grants no program learned of, made by a try applied later than
+    /// every window its client could bound (`sent + timeout +
+    /// LATE_MARGIN` of each attempt sent before it), and not released
+    /// after: excused by name ("late tries beyond the bound").
+    pub(crate) beyond_bound: usize,
+    /// Grants no program learned of, made by a try applied after an
+    /// attempt of the same acquire had been answered 409 (a retry
+    /// answered 409 while the first attempt was still on its way).
+    pub(crate) after_a_409: usize,
+}
+
+/// A grant (an acquire answered 201) of a fence no program learned of,
+/// to a token the SDK generated, with what its client's attempts of that
+/// acquire say about it.
+struct Unseen<'a> {
+    /// Its place in the journal.
+    index: usize,
+    client: usize,
+    key: &'a str,
+    fence: i64,
+    /// When the server applied it (sim time).
+    granted: Duration,
+    /// The attempts of its request id, in the order sent.
+    tries: Vec<&'a Attempt>,
+    /// The latest moment a try of it could be applied and still be
+    /// bounded by its client: the latest `sent + timeout + LATE_MARGIN`
+    /// of the attempts sent before it was applied.
+    bound: Duration,
+}
+
+impl Unseen<'_> {
+    /// Applied later than any window its client could bound.
+    fn beyond_bound(&self) -> bool {
+        self.granted > self.bound
+    }
+
+    /// An attempt of the same acquire was answered 409 before this try
+    /// was applied: the retry's answer, not this try's.
+    fn after_a_409(&self) -> bool {
+        self.tries.iter().any(|a| {
+            a.answer
+                .as_ref()
+                .is_some_and(|o| o.status == 409 && o.at <= self.granted)
+        })
+    }
+}
+
+/// Every grant of a fence no program learned of (no `Believes` or
+/// `Leased` of it) to a token the SDK generated (not a program's own),
+/// with the attempts of its acquire.
+fn unseen<'a>(run: &Run<'a>) -> Vec<Unseen<'a>> {
     let server = run.server;
     let mut learned: BTreeSet<(&str, i64)> = BTreeSet::new();
-    let mut excused: BTreeSet<(usize, &str)> = BTreeSet::new();
-    let mut crashed: BTreeSet<usize> = BTreeSet::new();
+    let mut own: BTreeSet<u64> = BTreeSet::new();
     for e in run.events {
         match &e.event {
             Event::Believes { key, fence, .. } | Event::Leased { key, fence, .. } => {
                 learned.insert((key.as_str(), *fence));
             }
+            Event::OwnToken { token_hash, .. } => {
+                own.insert(*token_hash);
+            }
+            _ => {}
+        }
+    }
+    let mut found = Vec::new();
+    for (index, r) in server.journal.iter().enumerate() {
+        let (Operation::Acquire, Some(201), Some(fence), Some(id)) = (
+            r.operation,
+            r.status,
+            r.fencing_token,
+            r.request_id.as_ref(),
+        ) else {
+            continue;
+        };
+        let Some(&(client, _)) = server.sent.by_id.get(id) else {
+            continue;
+        };
+        if learned.contains(&(r.key.as_str(), fence)) {
+            continue;
+        }
+        let tries: Vec<&Attempt> = server
+            .sent
+            .attempts
+            .iter()
+            .filter(|a| a.operation == Operation::Acquire && a.request_id == *id)
+            .collect();
+        let generated = tries
+            .first()
+            .and_then(|a| a.token.as_deref())
+            .is_some_and(|token| !own.contains(&crate::log::token_hash(token)));
+        if !generated {
+            continue;
+        }
+        let granted = run.sim_time(r.at);
+        let bound = tries
+            .iter()
+            .filter(|a| a.sent <= granted)
+            .map(|a| a.sent + a.timeout + LATE_MARGIN)
+            .max()
+            .unwrap_or(Duration::MAX);
+        found.push(Unseen {
+            index,
+            client,
+            key: r.key.as_str(),
+            fence,
+            granted,
+            tries,
+            bound,
+        });
+    }
+    found
+}
+
+/// The grants no program learned of that a try applied beyond its
+/// client's bound made: the leases the end-of-run checks excuse with
+/// them.
+fn beyond_bound<'a>(run: &Run<'a>) -> BTreeSet<(&'a str, i64)> {
+    unseen(run)
+        .iter()
+        .filter(|u| u.beyond_bound())
+        .map(|u| (u.key, u.fence))
+        .collect()
+}
+
+/// A grant no program learned of (an acquire whose outcome it never saw)
+/// is undone: its client sends a release of that token, and one of them
+/// is applied at the server *after* the grant (a try can be applied
+/// after the release that undoes it: held in the network, or behind a
+/// gateway that answered 5xx and let it go on; so the undo releases
+/// again once the last try's window has closed). Excused: a crashed
+/// client; one whose `shutdown` named the key; a force-release or server
+/// clock jump during the lease; and, named and counted, a try applied
+/// beyond every window its client could bound (`sent + timeout +
+/// LATE_MARGIN`). A client that never sent a release at all is not
+/// excused by the bound: it did not undo.
+pub(super) fn undone(run: &Run<'_>, out: &mut Vec<String>) -> Late {
+    let server = run.server;
+    let mut excused: BTreeSet<(usize, &str)> = BTreeSet::new();
+    let mut crashed: BTreeSet<usize> = BTreeSet::new();
+    let mut learned_tokens: BTreeSet<&str> = BTreeSet::new();
+    for e in run.events {
+        match &e.event {
             Event::Done {
                 client, unreleased, ..
             } => {
@@ -36,99 +169,151 @@ pub(super) fn undone(run: &Run<'_>, out: &mut Vec<String>) {
             _ => {}
         }
     }
-    let sent = |r: &RecordedRequest| {
-        r.request_id
-            .as_ref()
-            .and_then(|id| server.sent.by_id.get(id))
-    };
-    let sender = |r: &RecordedRequest| sent(r).map(|(client, _)| client);
-    for (i, r) in server.journal.iter().enumerate() {
-        let (Some(fence), Some(&client)) = (r.fencing_token, sender(r)) else {
-            continue;
-        };
-        if r.operation != Operation::Acquire
-            || r.status != Some(201)
-            || learned.contains(&(r.key.as_str(), fence))
-            || crashed.contains(&client)
-            || excused.contains(&(client, r.key.as_str()))
+    // The tokens of the leases programs learned of (their acquire's
+    // answer carried the fence): a grant to one of them that no program
+    // learned of is a try of that acquire applied after the program had
+    // its lease.
+    let learned: BTreeSet<(&str, i64)> = run
+        .events
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::Believes { key, fence, .. } | Event::Leased { key, fence, .. } => {
+                Some((key.as_str(), *fence))
+            }
+            _ => None,
+        })
+        .collect();
+    for a in &server.sent.attempts {
+        let fence = a.answer.as_ref().and_then(|o| o.fence);
+        if let (Operation::Acquire, Some(fence), Some(token)) = (a.operation, fence, &a.token) {
+            if learned.contains(&(a.key.as_str(), fence)) {
+                learned_tokens.insert(token.as_str());
+            }
+        }
+    }
+    let mut late = Late::default();
+    // A try applied while the lease it grants is live re-grants the same
+    // fence: one violation per lease.
+    let mut reported: BTreeSet<(&str, i64)> = BTreeSet::new();
+    for u in unseen(run) {
+        let (client, key, fence) = (u.client, u.key, u.fence);
+        if crashed.contains(&client)
+            || excused.contains(&(client, key))
+            || reported.contains(&(key, fence))
         {
             continue;
         }
         // A lease force-released (or cut short by a server clock jump)
         // before it expired needs no undo.
-        let granted = run.sim_time(r.at);
-        let expires = r.expires_at.map_or(granted, |e| run.sim_time(e));
-        if run.breaks.any(&r.key, granted, expires) {
+        let r = &server.journal[u.index];
+        let expires = r.expires_at.map_or(u.granted, |e| run.sim_time(e));
+        if run.breaks.any(key, u.granted, expires) {
             continue;
         }
-        // A later try of the same acquire answered 409: the server said
-        // the lease is gone (lapsed) or another's, so nothing is left to
-        // undo.
-        let refused_later = server.journal[i + 1..].iter().any(|later| {
-            later.operation == Operation::Acquire
-                && later.request_id == r.request_id
-                && later.status == Some(409)
-        });
-        if refused_later {
+        let Some(first) = u.tries.first() else {
             continue;
-        }
+        };
         // Releases of this token the client sent after it sent the
         // acquire (the token tells an undo from the release of an
         // earlier lease sent at the same moment).
-        let attempts = &server.sent.attempts;
-        let acquire = attempts
-            .iter()
-            .find(|a| r.request_id.as_ref() == Some(&a.request_id));
-        let Some(acquire) = acquire else { continue };
-        let undoing: Vec<&String> = attempts
+        let undoing: BTreeSet<&str> = server
+            .sent
+            .attempts
             .iter()
             .filter(|a| {
                 a.operation == Operation::Release
                     && a.client == client
-                    && a.key == r.key
-                    && a.token == acquire.token
-                    && a.sent >= acquire.sent
+                    && a.key == key
+                    && a.token == first.token
+                    && a.sent >= first.sent
             })
-            .map(|a| &a.request_id)
+            .map(|a| a.request_id.as_str())
             .collect();
-        let released = !undoing.is_empty();
-        let arrived = |range: &[RecordedRequest]| {
-            range.iter().any(|other| {
-                other.operation == Operation::Release
-                    && other
-                        .request_id
-                        .as_ref()
-                        .is_some_and(|id| undoing.contains(&id))
-            })
+        let after_a_409 = u.after_a_409();
+        if after_a_409 {
+            late.after_a_409 += 1;
+        }
+        // A try of the same acquire answered 409 *applied after* this
+        // grant (the journal is in the order requests were applied): the
+        // server said then that this lease was gone (lapsed, or another's
+        // after it lapsed), so nothing is left to undo. A try applied
+        // later still is another grant, judged on its own: a 409 to the
+        // retry applied before a late first attempt excuses nothing.
+        let refused_later = server.journal[u.index + 1..].iter().any(|later| {
+            later.operation == Operation::Acquire
+                && later.request_id == server.journal[u.index].request_id
+                && later.status == Some(409)
+                && !matches!(later.fault, Some(FaultKind::Status { .. }))
+        });
+        if refused_later {
+            continue;
+        }
+        if undoing.is_empty() {
+            let retry = if after_a_409 {
+                " (an attempt of it was answered 409 before this try was applied)"
+            } else {
+                ""
+            };
+            out.push(format!(
+                "not undone: client {client} was granted {key} (fence {fence}) by an acquire \
+                 whose outcome it never saw, and never released it{retry}"
+            ));
+            reported.insert((key, fence));
+            continue;
+        }
+        // Applied at the server after the grant: 204 (freed or already
+        // gone) or 409 (another's by then), not refused or reset.
+        let applied_after = server.journal[u.index + 1..].iter().any(|later| {
+            later.operation == Operation::Release
+                && matches!(later.status, Some(204 | 409))
+                && !matches!(
+                    later.fault,
+                    Some(FaultKind::Status { .. } | FaultKind::Reset)
+                )
+                && later
+                    .request_id
+                    .as_deref()
+                    .is_some_and(|id| undoing.contains(id))
+        });
+        if applied_after {
+            continue;
+        }
+        if u.beyond_bound() {
+            late.beyond_bound += 1;
+            continue;
+        }
+        let token_learned = first
+            .token
+            .as_deref()
+            .is_some_and(|t| learned_tokens.contains(t));
+        let what = if token_learned {
+            "released too soon: a try of an acquire whose lease it had already learned of and \
+             released"
+        } else {
+            "undone too soon: a try of an acquire whose outcome it never saw"
         };
-        // A release that arrived before the acquire it undoes frees
-        // nothing; the lease then lives out its ttl.
-        if released && !arrived(&server.journal[i + 1..]) && arrived(&server.journal[..i]) {
-            out.push(format!(
-                "undo raced ahead: client {client}'s release of {} arrived before the acquire \
-                 it undoes (fence {fence}), which then held the key for its whole ttl",
-                r.key
-            ));
-        }
-        if !released {
-            out.push(format!(
-                "not undone: client {client} was granted {} (fence {fence}) by an acquire whose \
-                 outcome it never saw, and never released it",
-                r.key
-            ));
-        }
+        out.push(format!(
+            "{what} (sent at {:?}, window until {:?}) granted client {client} {key} (fence \
+             {fence}) at {:?}, after every release of that token it sent had arrived or \
+             failed; the lease then held the key for its ttl, and shutdown did not name it",
+            first.sent, u.bound, u.granted
+        ));
+        reported.insert((key, fence));
     }
+    late
 }
 
 /// When the programs ended (the last `shutdown` returned, or the last
 /// live program crashed), before any lease could expire: every lease the
 /// server still holds belongs to a crashed client, or to one whose
 /// `shutdown` named its key, or one its program manages by hand (a plain
-/// lease, a release it sent itself that failed). And no client's
-/// `shutdown` left a renewal running.
+/// lease, a release it sent itself that failed), or was granted by a try
+/// applied beyond its client's bound (counted by [`undone`]). And no
+/// client's `shutdown` left a renewal running.
 pub(super) fn at_end(run: &Run<'_>, out: &mut Vec<String>) {
     let (events, server) = (run.events, run.server);
     let owners = Owners::new(run);
+    let late = beyond_bound(run);
     let mut crashed: BTreeSet<usize> = BTreeSet::new();
     let mut reported: BTreeSet<(usize, &str)> = BTreeSet::new();
     for e in events {
@@ -167,6 +352,7 @@ pub(super) fn at_end(run: &Run<'_>, out: &mut Vec<String>) {
         if crashed.contains(&owner)
             || reported.contains(&(owner, key))
             || owners.by_hand(owner, key, fence)
+            || late.contains(&(key, fence))
         {
             continue;
         }
@@ -262,6 +448,7 @@ impl<'a> Owners<'a> {
 /// `401`/`403`, given up) is never silently dropped.
 pub(super) fn reported_at_shutdown(run: &Run<'_>, out: &mut Vec<String>) {
     let owners = Owners::new(run);
+    let late = beyond_bound(run);
     for e in run.events {
         let Event::Done {
             client,
@@ -279,6 +466,7 @@ pub(super) fn reported_at_shutdown(run: &Run<'_>, out: &mut Vec<String>) {
             if owner == *client
                 && !unreleased.contains(key)
                 && !owners.by_hand(*client, key, *fence)
+                && !late.contains(&(key.as_str(), *fence))
             {
                 out.push(format!(
                     "unreported lease: client {client}'s shutdown returned while the server \

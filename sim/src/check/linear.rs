@@ -273,7 +273,8 @@ fn describe(answer: &Expected, now: DateTime<Utc>) -> String {
 }
 
 /// Every answer a client received is one the server gave to that request
-/// id, at an instant while the attempt was in flight.
+/// id, at an instant while the attempt was in flight, or the 5xx of a
+/// gateway in front of it (the request applied after it was sent).
 fn clients(attempts: &[Attempt], entries: &[Entry], out: &mut Vec<String>) {
     let mut by_id: BTreeMap<&str, Vec<&Entry>> = BTreeMap::new();
     for e in entries {
@@ -285,12 +286,17 @@ fn clients(attempts: &[Attempt], entries: &[Entry], out: &mut Vec<String>) {
         let Some(answer) = &a.answer else { continue };
         let given = by_id.get(a.request_id.as_str()).is_some_and(|entries| {
             entries.iter().any(|e| {
+                let served = e.status == Some(answer.status)
+                    && (answer.fence.is_none() || e.fence == answer.fence)
+                    && e.sim_at <= answer.at;
+                // A gateway answered in the service's place, which
+                // applied the request on its own time (before or after).
+                let gateway = matches!(e.fault,
+                    Some(FaultKind::Gateway { status, .. }) if status == answer.status);
                 e.operation == a.operation
                     && e.key == a.key
-                    && e.status == Some(answer.status)
-                    && (answer.fence.is_none() || e.fence == answer.fence)
                     && e.sim_at >= a.sent
-                    && e.sim_at <= answer.at
+                    && (served || gateway)
             })
         });
         if !given {
@@ -438,6 +444,7 @@ mod tests {
             token: Some("a".to_owned()),
             ttl_seconds: Some(TTL),
             sent: Duration::from_secs(sent),
+            timeout: Duration::from_secs(10),
             answer: Some(Observed {
                 at: Duration::from_secs(at),
                 status,
@@ -459,6 +466,30 @@ mod tests {
             attempt("id-1", 3, 201, 4), // answered before it was applied
             attempt("id-1", 4, 409, 6), // not the answer given
             attempt("id-2", 4, 201, 6), // an id the server never saw
+        ] {
+            let mut out = Vec::new();
+            clients(std::slice::from_ref(&wrong), &history, &mut out);
+            assert_eq!(out.len(), 1, "{wrong:?}");
+        }
+    }
+
+    /// A gateway's 504 is its own answer: the service applied the request
+    /// (201) after it was sent, here after the 504 came back.
+    #[test]
+    fn a_gateways_answer_is_its_own() {
+        let mut applied = lease(entry(1, 8, Operation::Acquire, "a", 201), 1, 18);
+        applied.fault = Some(FaultKind::Gateway {
+            status: 504,
+            patience_ms: 1_000,
+            apply_after_ms: 4_000,
+        });
+        let history = [applied];
+        let mut out = Vec::new();
+        clients(&[attempt("id-1", 4, 504, 5)], &history, &mut out);
+        assert_eq!(out, Vec::<String>::new());
+        for wrong in [
+            attempt("id-1", 4, 503, 5),  // not the gateway's status
+            attempt("id-1", 9, 504, 10), // applied before it was sent
         ] {
             let mut out = Vec::new();
             clients(std::slice::from_ref(&wrong), &history, &mut out);
