@@ -251,8 +251,8 @@ impl Driver {
             Operation::ForceRelease,
         ];
         let mut op = ops[self.rng.random_range(0..ops.len())];
-        let mut times = self.rng.random_range(1..=3);
-        let (fault, kind) = match self.rng.random_range(0..11) {
+        let times = self.rng.random_range(1..=3);
+        let (fault, kind) = match self.rng.random_range(0..12) {
             // A release, a renewal, an acquire or a look refused for good
             // (a rotated or revoked key; a look also a 400 or 404): a
             // refused release leaves the lease until its ttl, and
@@ -312,16 +312,17 @@ impl Driver {
             // An acquire of a key another program holds, answered 503 at
             // once and applied seconds later: its single retry is
             // answered 409 while the first attempt is still on its way,
-            // and takes the key if the holder lets go meanwhile.
-            10 => {
+            // and takes the key if the holder lets go meanwhile. (Twice
+            // the weight of the others: a holder rarely lets go in time.)
+            10 | 11 => {
                 let held = self.held_keys();
                 let key = match held.len() {
                     0 => format!("key-{}", self.rng.random_range(0..self.options.keys)),
                     n => held[self.rng.random_range(0..n)].clone(),
                 };
                 let patience = Duration::from_millis(self.rng.random_range(50..500));
-                let applied = Duration::from_millis(self.rng.random_range(2_000..8_000));
-                (op, times) = (Operation::Acquire, 1);
+                let applied = Duration::from_millis(self.rng.random_range(2_000..12_000));
+                op = Operation::Acquire;
                 (
                     Fault::gateway(503, patience, applied).key(key.as_str()),
                     format!(

@@ -51,14 +51,16 @@ impl Unseen<'_> {
         self.granted > self.bound
     }
 
-    /// An attempt of the same acquire was answered 409 before this try
-    /// was applied: the retry's answer, not this try's.
+    /// The last attempt sent before this try was applied was answered
+    /// 409: the grant is an earlier attempt's, applied after the later
+    /// one was refused (a retry answered 409 while the first attempt was
+    /// still on its way).
     fn after_a_409(&self) -> bool {
-        self.tries.iter().any(|a| {
-            a.answer
-                .as_ref()
-                .is_some_and(|o| o.status == 409 && o.at <= self.granted)
-        })
+        self.tries
+            .iter()
+            .rfind(|a| a.sent <= self.granted)
+            .and_then(|a| a.answer.as_ref())
+            .is_some_and(|o| o.status == 409)
     }
 }
 
@@ -250,7 +252,7 @@ pub(super) fn undone(run: &Run<'_>, out: &mut Vec<String>) -> Late {
         }
         if undoing.is_empty() {
             let retry = if after_a_409 {
-                " (an attempt of it was answered 409 before this try was applied)"
+                " (a later attempt of it was answered 409 before this try was applied)"
             } else {
                 ""
             };
