@@ -78,11 +78,11 @@ pub(crate) fn settles(err: &Error) -> bool {
 /// that may have been applied; an error as uncertain as the first stands;
 /// anything else gives way to the first attempt's error.
 pub(crate) fn after_uncertain(first: Error, retry: Error) -> Error {
+    if settles(&retry) {
+        return retry;
+    }
     match retry {
-        retry @ Error::Conflict(_) if !sabotaged!(RetrySettlesAll) => {
-            retry.after_uncertain_attempt()
-        }
-        retry if settles(&retry) => retry,
+        retry @ Error::Conflict(_) => retry.after_uncertain_attempt(),
         _ => first,
     }
 }

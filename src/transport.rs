@@ -43,6 +43,10 @@ pub(crate) struct Timing {
 pub(crate) struct Answer<T> {
     pub(crate) value: T,
     pub(crate) date: Option<DateTime<Utc>>,
+    /// An earlier attempt of the same request failed in a way that may
+    /// have been applied (acquire's single retry then succeeded): that
+    /// attempt may still land after this answer.
+    pub(crate) after_uncertain: bool,
 }
 
 /// HTTP client, base URL and credential, shared by every clone of a `Client`.
@@ -169,6 +173,10 @@ impl Transport {
                         None => err,
                     });
                 }
+                (Ok(mut answer), _) => {
+                    answer.after_uncertain = first_error.is_some();
+                    return Ok(answer);
+                }
                 (other, _) => return other,
             }
         }
@@ -262,7 +270,11 @@ impl Transport {
             let body = O::Body::parse(&bytes).map_err(invalid)?;
             let value = op.decode(body).map_err(invalid)?;
             tracing::debug!("lock call succeeded");
-            return Ok(Answer { value, date });
+            return Ok(Answer {
+                value,
+                date,
+                after_uncertain: false,
+            });
         }
 
         let headers = &reply.headers;

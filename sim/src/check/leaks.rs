@@ -277,7 +277,15 @@ pub(super) fn undone(run: &Run<'_>, out: &mut Vec<String>) -> Late {
                     .as_deref()
                     .is_some_and(|id| undoing.contains(id))
         });
-        if applied_after {
+        // Or sent after the grant and lost on its way (a held link, a
+        // partition): the client tried once no try could land, as it
+        // must; the network kept the lease for its ttl.
+        let sent_after = server
+            .sent
+            .attempts
+            .iter()
+            .any(|a| undoing.contains(a.request_id.as_str()) && a.sent >= u.granted);
+        if applied_after || sent_after {
             continue;
         }
         if u.beyond_bound() {

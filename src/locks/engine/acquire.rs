@@ -133,8 +133,12 @@ struct Undo<'a> {
     ttl: Duration,
     /// Each try's timeout.
     request_timeout: Duration,
-    /// The generated token; `None` once there is nothing to undo.
+    /// The token sent; `None` once there is nothing to undo.
     token: Option<&'a str>,
+    /// The SDK generated it: an unknown outcome is undone. A caller's
+    /// token is never released behind the caller's back; only its window
+    /// is kept, for a release the caller asks for.
+    generated: bool,
     in_flight: bool,
     /// The latest moment a try whose outcome is unknown may still be
     /// applied; `None` while every try was answered.
@@ -147,14 +151,16 @@ impl<'a> Undo<'a> {
         key: &'a str,
         ttl: Duration,
         request_timeout: Duration,
-        generated: Option<&'a str>,
+        token: &'a str,
+        generated: bool,
     ) -> Self {
         Undo {
             locks,
             key,
             ttl,
             request_timeout,
-            token: generated,
+            token: Some(token),
+            generated,
             in_flight: false,
             land_by: None,
         }
@@ -181,7 +187,8 @@ impl<'a> Undo<'a> {
     }
 
     /// The acquisition succeeded: nothing to undo, but a try of it whose
-    /// outcome was unknown may still land after its lease is let go of.
+    /// outcome was unknown may still land after its lease is let go of
+    /// (also with the caller's token: the release is the caller's wish).
     fn granted(&mut self) {
         let (Some(token), Some(land_by)) = (self.token.take(), self.land_by) else {
             return;
@@ -204,6 +211,16 @@ impl Drop for Undo<'_> {
         let Some(land_by) = self.land_by else {
             return;
         };
+        if !self.generated {
+            // The caller recovers the lease with its token, or releases
+            // it: a release it asks for before no try can land is
+            // followed by another once none can.
+            if land_by > Instant::now() {
+                let background = self.locks.client().background();
+                background.late_window(self.key, token, land_by, self.ttl);
+            }
+            return;
+        }
         if sabotaged!(NoUndo) {
             return;
         }
@@ -260,7 +277,8 @@ pub(crate) async fn acquire(spec: Spec) -> Result<Measured> {
         &key,
         ttl,
         request_timeout,
-        generated.then_some(token.as_str()),
+        token.as_str(),
+        generated,
     );
     let one = Try {
         locks: &locks,
@@ -360,6 +378,13 @@ impl Try<'_> {
                             return Ok(measured);
                         }
                         Err(err) => {
+                            if err.is_lock_held() && err.may_have_applied() {
+                                // A 409 to the transport's retry, sent
+                                // when the first attempt failed: a release
+                                // of this client's answered before then is
+                                // older than this answer, and no news.
+                                ticket.trying();
+                            }
                             let was = waiter.failing_since();
                             waiter.failed(&err);
                             self.log_episode(waiter.episode(), &err);
@@ -457,9 +482,12 @@ impl Try<'_> {
             token: self.token,
             ttl_secs: self.ttl,
         };
-        let result = requests::send(self.locks, &op, self.request_id, self.timeout, window)
-            .await
-            .map(|answer| Measured::new(answer.value, sent_at, answer.date, clock));
+        let result = requests::send(self.locks, &op, self.request_id, self.timeout, window).await;
+        if result.as_ref().is_ok_and(|answer| answer.after_uncertain) {
+            // Granted by the retry; the first attempt may still land.
+            undo.unknown_from_now();
+        }
+        let result = result.map(|answer| Measured::new(answer.value, sent_at, answer.date, clock));
         undo.answered(&result);
         let measured = result?;
         tracing::debug!(

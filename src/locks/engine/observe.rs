@@ -326,7 +326,6 @@ impl Observer {
         received: Instant,
         special: bool,
     ) -> Option<LockChange> {
-        self.special_spent = special;
         // Without a `Date` (not the service), this machine's clock.
         let date = match date {
             Some(date) => {
@@ -342,6 +341,11 @@ impl Observer {
             Some((_, Some(lease))) => Before::Held(lease),
         };
         let kind = change(before, now.as_ref(), date);
+        // A look at a lease's last moments that found it renewed spends
+        // the next such look until a regular one; one that found another
+        // lease (a takeover) or none spends nothing: that lease's last
+        // moments are news.
+        self.special_spent = special && matches!(kind, None | Some(ChangeKind::Renewed));
         if kind.is_none() {
             // The same lease again: keep its newest sighting.
             if let (Some(now), Some((_, Some(old)))) = (&mut now, &self.last) {

@@ -316,7 +316,14 @@ fn until_no_try_lands(
                         .as_millis() as u64,
                     "waiting until a late try of the acquire can no longer land"
                 );
-                tokio::time::sleep_until(land_by).await;
+                // An acquire with the same token (a caller recovering its
+                // lease) stops the wait: that acquire decides.
+                let mut stopped = superseded.clone();
+                tokio::select! {
+                    biased;
+                    _ = stopped.wait_for(|s| *s) => return Settled::MayBeHeld,
+                    () = tokio::time::sleep_until(land_by) => {}
+                }
                 let last = Persistence::background(&task_locks, ttl);
                 let ended = confirmed(&task_locks, &lease, last, Some(superseded)).await;
                 settled(ended, &lease, why)

@@ -100,16 +100,17 @@ pub(crate) async fn release(
     validate::uuid("token", lease.token())?;
     let request_id = checked(options)?;
     let op = ops::Release { lease };
-    let sent = send(locks, &op, &request_id, options.timeout, Window::default()).await;
-    if matches!(&sent, Ok(_) | Err(Error::Conflict(_))) {
-        // Not this token's now; but a try of the acquire that granted it
-        // may still land: release again once none can.
-        let background = locks.client().background();
-        if let Some((land_by, ttl)) = background.take_late_window(lease.key(), lease.token()) {
-            super::release::sweep(locks, lease.clone(), land_by, ttl);
-        }
+    // Let go of (whatever this release's answer, even if its future is
+    // dropped: a failed release is tried again or reported by its
+    // caller); but a try of the acquire that granted it may still land:
+    // release again once none can (`Client::shutdown` names the key until
+    // then). Handed over before this release is sent, so that a release
+    // slower than the window cannot outlive it.
+    let background = locks.client().background();
+    if let Some((land_by, ttl)) = background.take_late_window(lease.key(), lease.token()) {
+        super::release::sweep(locks, lease.clone(), land_by, ttl);
     }
-    sent?;
+    send(locks, &op, &request_id, options.timeout, Window::default()).await?;
     locks.client().turns().freed(lease.key());
     tracing::debug!(
         key = lease.key(),
