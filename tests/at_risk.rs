@@ -84,3 +84,34 @@ async fn a_risk_that_runs_out_ends_in_a_loss_and_clears() {
     let err = set.release().await.unwrap_err();
     assert!(matches!(err, Error::LockLost(_)), "{err:?}");
 }
+
+/// `at_risk_changed()` watches from the moment it is called: an episode
+/// that begins between reading `at_risk()` and the first poll of the
+/// future (the window a `select!` loop has) is not missed. Before, the
+/// future subscribed at its first poll and waited for the change after.
+#[tokio::test]
+async fn a_change_between_reading_and_awaiting_is_not_missed() {
+    let server = MockServer::start().await;
+    server.inject(Fault::status(503).on(Operation::Renew));
+    let client = mock_client(&server);
+    let held = client.locks().hold("job", TTL).await.unwrap();
+    let set = client.locks().hold_all(["a", "b"], TTL).await.unwrap();
+    assert!(held.at_risk().is_none() && set.at_risk().is_none());
+    let guard_changed = held.at_risk_changed();
+    let set_changed = set.at_risk_changed();
+    // The episode begins before either future is first polled.
+    let began = common::eventually(Duration::from_secs(4), || {
+        held.at_risk().is_some() && set.at_risk().is_some()
+    })
+    .await;
+    assert!(began, "the 503s put both at risk");
+    tokio::time::timeout(Duration::from_millis(10), guard_changed)
+        .await
+        .expect("the guard's change was seen");
+    tokio::time::timeout(Duration::from_millis(10), set_changed)
+        .await
+        .expect("the set's change was seen");
+    server.clear_faults();
+    drop((held, set));
+    client.shutdown(Duration::from_secs(5)).await;
+}

@@ -278,6 +278,10 @@ fn print(fenced: bool, v: &Verdict, faults: &Faults, processes: usize) {
     println!("  faults: {}", kinds.join(", "));
     println!("  pauses longer than the ttl: {}", faults.long_pauses);
     println!(
+        "  kills followed by a quiet stretch (ttl + 6 s): {}",
+        faults.quiet_after_kills
+    );
+    println!(
         "  increments committed: {}; holds reported successful: {}; writes refused by the fence: {}",
         v.commits, v.successes, v.refusals
     );

@@ -20,6 +20,10 @@ pub(crate) struct Faults {
     pub(crate) secs: f64,
     pub(crate) by_kind: BTreeMap<&'static str, usize>,
     pub(crate) long_pauses: usize,
+    /// Kills followed by a stretch with no fault at all (the ttl, the
+    /// service's grace and the takeover bound), so that the takeover
+    /// bound has cases to judge.
+    pub(crate) quiet_after_kills: usize,
     pub(crate) on: Vec<(i64, i64)>,
     pub(crate) pauses: Vec<(i64, i64)>,
 }
@@ -44,6 +48,8 @@ pub(crate) async fn schedule(
     let began = tokio::time::Instant::now();
     let mut paused: Vec<(Vec<u32>, tokio::time::Instant)> = Vec::new();
     let mut checked = began;
+    // The first kill, and every other one after it, is followed by quiet.
+    let mut quiet_next_kill = true;
     loop {
         let ran = began.elapsed();
         if ran >= until.longest() {
@@ -70,7 +76,12 @@ pub(crate) async fn schedule(
             }
             !over
         });
-        let roll = rng.random_range(0..100);
+        let mut roll = rng.random_range(0..100);
+        // A run 8 s in without a kill kills now: the takeover
+        // bound must have a case to judge in every run.
+        if ran >= Duration::from_secs(8) && !faults.by_kind.contains_key("kill (SIGKILL)") {
+            roll = 50;
+        }
         let pick = rng.random_range(0..1000usize);
         let target = {
             let p = lock(shared);
@@ -128,6 +139,13 @@ pub(crate) async fn schedule(
             (50..58, Some((name, pid))) => {
                 lock(shared).killed.insert(name.clone(), start);
                 signal_family(*pid, Signal::KILL);
+                if std::mem::replace(&mut quiet_next_kill, !quiet_next_kill) {
+                    // No fault until the killed holder's lease has run
+                    // out (a ttl), the service's grace (1 s) and the
+                    // takeover bound (4 s) have passed, and a second more.
+                    tokio::time::sleep(Duration::from_secs(ttl + 6)).await;
+                    faults.quiet_after_kills += 1;
+                }
                 "kill (SIGKILL)"
             }
             (58..64, Some((_, pid))) => {

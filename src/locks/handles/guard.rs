@@ -136,15 +136,19 @@ impl LockGuard {
     /// Resolves at the next change of [`LockGuard::at_risk`]: an episode
     /// of failing renewals begins or ends, or the lock is lost (after which
     /// nothing changes any more: await it beside [`LockGuard::lost`]).
-    /// Cancel-safe.
-    pub async fn at_risk_changed(&self) {
+    /// Cancel-safe. It watches from the moment it is called, not from its
+    /// first poll: an episode that begins between reading
+    /// [`LockGuard::at_risk`] and awaiting this is not missed.
+    pub fn at_risk_changed(&self) -> impl std::future::Future<Output = ()> + Send + '_ {
         let mut changed = self.state.risk.subscribe();
-        if self.state.check() {
-            return std::future::pending().await;
-        }
-        tokio::select! {
-            _ = changed.changed() => {}
-            _ = self.state.wait_lost() => {}
+        async move {
+            if self.state.check() {
+                return std::future::pending().await;
+            }
+            tokio::select! {
+                _ = changed.changed() => {}
+                _ = self.state.wait_lost() => {}
+            }
         }
     }
 

@@ -64,26 +64,27 @@ impl LockSet {
     }
 
     /// Resolves at the next change of any key's
-    /// [`LockGuard::at_risk_changed`]. Cancel-safe.
-    pub async fn at_risk_changed(&self) {
-        first_of(self.guards.iter().map(|guard| guard.at_risk_changed())).await
+    /// [`LockGuard::at_risk_changed`]. Cancel-safe; it watches from the
+    /// moment it is called.
+    pub fn at_risk_changed(&self) -> impl Future<Output = ()> + Send + '_ {
+        first_of(self.guards.iter().map(|guard| guard.at_risk_changed()))
     }
 }
 
-/// Completes when the first of `each` does.
-async fn first_of<'a, F>(each: impl Iterator<Item = F>)
+/// Completes when the first of `each` does. The futures are made at once
+/// (each watches from then), not at the first poll.
+fn first_of<'a, F>(each: impl Iterator<Item = F>) -> impl Future<Output = ()> + Send + 'a
 where
     F: Future<Output = ()> + Send + 'a,
 {
     let mut each: Vec<Pin<Box<F>>> = each.map(Box::pin).collect();
-    std::future::poll_fn(|cx| {
+    std::future::poll_fn(move |cx| {
         if each.iter_mut().any(|one| one.as_mut().poll(cx).is_ready()) {
             Poll::Ready(())
         } else {
             Poll::Pending
         }
     })
-    .await
 }
 
 impl std::fmt::Debug for LockSet {
