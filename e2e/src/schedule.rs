@@ -139,7 +139,9 @@ pub(crate) async fn schedule(
             (50..58, Some((name, pid))) => {
                 lock(shared).killed.insert(name.clone(), start);
                 signal_family(*pid, Signal::KILL);
-                if std::mem::replace(&mut quiet_next_kill, !quiet_next_kill) {
+                let quiet = quiet_next_kill;
+                quiet_next_kill = !quiet;
+                if quiet {
                     // No fault until the killed holder's lease has run
                     // out (a ttl), the service's grace (1 s) and the
                     // takeover bound (4 s) have passed, and a second more.
