@@ -170,3 +170,53 @@ async fn health_reports_a_term_that_outlived_its_lock() {
     assert_eq!(health.overdue(), None, "stepped down");
     run.abort();
 }
+
+/// A leader campaigning behind another waiter of its own client sends
+/// nothing (the one ahead tries for both), so its status follows what the
+/// one ahead learns: unreachable while those tries go unanswered, and
+/// following again once one is answered. Before, it stayed `Following`
+/// however long the service was down.
+#[tokio::test]
+async fn a_leader_behind_another_waiter_of_its_client_says_unreachable() {
+    let server = MockServer::start().await;
+    let client = mock_client(&server);
+    let locks = client.locks();
+    let holder = mock_client(&server)
+        .locks()
+        .acquire("scheduler", TTL)
+        .await
+        .unwrap();
+    // First in line: a plain wait of the same client on the same key.
+    let ahead = locks.clone();
+    let waiting = tokio::spawn(async move {
+        ahead
+            .acquire("scheduler", TTL)
+            .wait(Duration::from_secs(30))
+            .poll_interval(Duration::from_millis(200))
+            .await
+    });
+    common::eventually(Duration::from_secs(5), || {
+        server
+            .requests()
+            .iter()
+            .any(|r| r.operation == Operation::Acquire && r.status == Some(409))
+    })
+    .await;
+    let leader = locks.leader("scheduler", TTL);
+    let mut status = leader.status();
+    let run = tokio::spawn(leader.run(|term| async move {
+        term.lost().await;
+        Ok::<(), Error>(())
+    }));
+    until(&mut status, |s| matches!(s, LeaderStatus::Following)).await;
+    server.inject(Fault::status(503).on(Operation::Acquire));
+    until(&mut status, |s| {
+        matches!(s, LeaderStatus::Unreachable { .. })
+    })
+    .await;
+    server.clear_faults();
+    until(&mut status, |s| matches!(s, LeaderStatus::Following)).await;
+    run.abort();
+    waiting.abort();
+    drop(holder);
+}

@@ -340,8 +340,13 @@ impl Try<'_> {
         // answer it got (the key may be free, or the service unreachable).
         let mut ticket = self.locks.client().turns().join(self.key);
         let mut last_try_made = false;
+        // Behind another, this waiter sends nothing: what the first in
+        // line says of the service is what it tells its leader's status;
+        // `line_said` until its own tries are answered.
+        let mut line = ticket.line_failing();
+        let mut line_said = false;
         loop {
-            if !ticket.is_first() {
+            while !ticket.is_first() {
                 let wake = if last_try_made {
                     waiter.remaining()
                 } else {
@@ -349,7 +354,17 @@ impl Try<'_> {
                 };
                 tokio::select! {
                     biased;
-                    () = ticket.first() => then = wait::Then::Acquire,
+                    () = ticket.first() => {
+                        then = wait::Then::Acquire;
+                        break;
+                    }
+                    Ok(()) = line.changed(), if self.reach.is_some() => {
+                        let since = *line.borrow_and_update();
+                        if let Some(reach) = self.reach {
+                            line_said = since.is_some();
+                            reach(since);
+                        }
+                    }
                     () = tokio::time::sleep(wake) => {
                         if last_try_made {
                             if let Some(err) = waiter.timed_out() {
@@ -358,6 +373,7 @@ impl Try<'_> {
                         }
                         last_try_made = true;
                         then = wait::Then::Acquire;
+                        break;
                     }
                 }
             }
@@ -372,8 +388,13 @@ impl Try<'_> {
                             // Answered: a leader's status stops saying
                             // unreachable even if its term never begins
                             // (lost at once, say after a suspend).
-                            if let (Some(reach), Some(_)) = (self.reach, waiter.failing_since()) {
-                                reach(None);
+                            if ticket.is_first() {
+                                ticket.tell_failing(None);
+                            }
+                            if waiter.failing_since().is_some() || line_said {
+                                if let Some(reach) = self.reach {
+                                    reach(None);
+                                }
                             }
                             return Ok(measured);
                         }
@@ -389,7 +410,11 @@ impl Try<'_> {
                             waiter.failed(&err);
                             self.log_episode(waiter.episode(), &err);
                             let now = waiter.failing_since();
-                            if let (Some(reach), true) = (self.reach, was != now) {
+                            if ticket.is_first() {
+                                ticket.tell_failing(now);
+                            }
+                            let told_by_line = std::mem::take(&mut line_said);
+                            if let (Some(reach), true) = (self.reach, was != now || told_by_line) {
                                 reach(now);
                             }
                             if !err.is_lock_held() {

@@ -27,6 +27,10 @@ struct Line {
     first: watch::Sender<Option<u64>>,
     /// Counts the times this client freed the key.
     freed: watch::Sender<u64>,
+    /// Since when the tries of the first in line have failed without an
+    /// answer (`None`: answered): the ones behind it send nothing, so this
+    /// is what they know of the service (a leader's status).
+    failing: watch::Sender<Option<tokio::time::Instant>>,
 }
 
 impl Turns {
@@ -39,6 +43,7 @@ impl Turns {
             waiting: BTreeSet::new(),
             first: watch::Sender::new(None),
             freed: watch::Sender::new(0),
+            failing: watch::Sender::new(None),
         });
         line.waiting.insert(id);
         let now = line.waiting.first().copied();
@@ -50,6 +55,8 @@ impl Turns {
             id,
             first: line.first.subscribe(),
             freed: line.freed.subscribe(),
+            failing: line.failing.subscribe(),
+            line_failing: line.failing.clone(),
         }
     }
 
@@ -72,9 +79,24 @@ pub(crate) struct Ticket {
     id: u64,
     first: watch::Receiver<Option<u64>>,
     freed: watch::Receiver<u64>,
+    failing: watch::Receiver<Option<tokio::time::Instant>>,
+    line_failing: watch::Sender<Option<tokio::time::Instant>>,
 }
 
 impl Ticket {
+    /// The first in line tells the line since when its tries have failed
+    /// without an answer (`None`: answered again).
+    pub(crate) fn tell_failing(&self, since: Option<tokio::time::Instant>) {
+        self.line_failing
+            .send_if_modified(|now| std::mem::replace(now, since) != since);
+    }
+
+    /// What the first in line says of the service, to watch beside
+    /// [`Ticket::first`].
+    pub(crate) fn line_failing(&self) -> watch::Receiver<Option<tokio::time::Instant>> {
+        self.failing.clone()
+    }
+
     /// Whether this ticket is first in line.
     pub(crate) fn is_first(&self) -> bool {
         *self.first.borrow() == Some(self.id)
