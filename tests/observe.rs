@@ -346,3 +346,43 @@ async fn a_named_window_holds_the_other_observers_back_until_it_ends() {
         );
     }
 }
+
+/// A `next()` dropped while its look at a lease's last moments is in
+/// flight (a `select!` branch that lost) changes nothing: the next call
+/// sends that look again at once, sees the lease in its last moments, and
+/// reports its expiry as `Expired`. Before, the dropped look counted as a
+/// regular one: the next came a poll interval later, after the expiry, and
+/// the stream said `Ended`.
+#[tokio::test]
+async fn a_next_dropped_during_the_last_moments_look_changes_nothing() {
+    let server = MockServer::start().await;
+    let locks = mock_client(&server).locks();
+    let mut changes = locks
+        .observe("report")
+        .poll_interval(Duration::from_secs(60));
+    let lease = locks
+        .acquire("report", Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(next(&mut changes).await.kind(), ChangeKind::Initial);
+    // The look at its last moments is held 300 ms on its way; the
+    // `next()` waiting for it is dropped 100 ms after it was sent.
+    server.inject(
+        Fault::delay(Duration::from_millis(300))
+            .on(Operation::Get)
+            .times(1),
+    );
+    let due = changes.next_look_in();
+    let dropped = tokio::time::timeout(due + Duration::from_millis(100), changes.next()).await;
+    assert!(dropped.is_err(), "dropped in flight: {dropped:?}");
+    let change = tokio::time::timeout(Duration::from_secs(9), changes.next())
+        .await
+        .expect("seen within a few seconds of the expiry")
+        .unwrap()
+        .unwrap();
+    assert_eq!(change.kind(), ChangeKind::Expired);
+    assert_eq!(
+        change.previous().unwrap().fencing_token(),
+        Some(lease.fencing_token())
+    );
+}

@@ -220,15 +220,17 @@ fn origin(api_url: &str) -> String {
 /// handed to the background (a release that keeps failing, the undo of an
 /// acquire whose outcome is unknown) gets a few seconds before the process
 /// exits; a lease that may still be held is said, on standard error.
-/// It waits long enough for an undo to see the window of a late try
-/// close (a request timeout and the margin after the try's outcome became
-/// unknown).
+/// It waits for an undo to see the window of a late try close (a request
+/// timeout and the margin after the try's outcome became unknown), but
+/// never more than 15 s: a process told to stop should stop. A key whose
+/// window is still open then is named.
 async fn shut_down(client: &Client) {
-    let grace = client.timeout() + volcano::LATE_TRY_MARGIN + Duration::from_secs(5);
-    let unreleased = client.shutdown(grace).await;
+    let window = client.timeout() + volcano::LATE_TRY_MARGIN + Duration::from_secs(5);
+    let unreleased = client.shutdown(window.min(Duration::from_secs(15))).await;
     if !unreleased.is_empty() {
         eprintln!(
-            "volcano: warning: {} may still be held until its ttl (the release did not finish)",
+            "volcano: warning: {} may still be held until its ttl (a release did not finish, \
+             or a try of the acquire may still land within --timeout and 2 s)",
             unreleased.join(", ")
         );
     }

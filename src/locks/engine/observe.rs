@@ -211,6 +211,10 @@ pub(crate) struct Observer {
     ended: bool,
     /// The next look is one at a lease's last moments, not a regular one.
     special_next: bool,
+    /// A look at a lease's last moments was sent and its `next()` dropped
+    /// before the answer: the next call sends it again at once, once (a
+    /// later look would miss those moments), and counts that one.
+    special_resent: bool,
     /// Since the last regular look, a look at a lease's last moments came
     /// and found it renewed: the next such look waits for a regular one,
     /// so that a holder with a TTL shorter than the poll interval costs at
@@ -231,6 +235,7 @@ impl Observer {
             next_at: None,
             ended: false,
             special_next: false,
+            special_resent: false,
             special_spent: false,
         }
     }
@@ -274,16 +279,25 @@ impl Observer {
                 }
             }
             let sent = Instant::now();
-            // A look dropped before its answer (a `next()` given up) still
-            // counts: the next waits its interval, so that a caller that
-            // keeps dropping `next()` does not send a look each time.
-            self.next_at = Some(sent + self.poll());
             // Read, not taken: a `next()` dropped during the look leaves
             // the next look what this one was (cancel safety: state
             // changes only after the await that justifies it).
             let special = self.special_next;
+            if special && !self.special_resent {
+                // A look at a lease's last moments: dropped before its
+                // answer, the next call sends it again at once (once), so
+                // that it still sees those moments.
+                self.special_resent = true;
+            } else {
+                // Any other look dropped before its answer (a `next()`
+                // given up) still counts: the next waits its interval, so
+                // that a caller that keeps dropping `next()` does not send
+                // a look each time.
+                self.next_at = Some(sent + self.poll());
+            }
             let answer = super::requests::get(locks, &self.key, &RequestOptions::default()).await;
             self.special_next = false;
+            self.special_resent = false;
             let received = Instant::now();
             match answer {
                 Ok((state, date)) => {
