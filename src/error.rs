@@ -226,12 +226,29 @@ impl Error {
         }
     }
 
-    /// A `409` marked as answering a retry after an attempt that may have
-    /// been applied ([`Error::may_have_been_applied`]); other errors as
-    /// they are.
-    pub(crate) fn after_uncertain_attempt(self) -> Self {
+    /// True when the request may still be applied *later* (not only may
+    /// have been): no answer came (a refused connection excepted), or an
+    /// answer that is not the service's own (a 5xx without the service's
+    /// error code, as a gateway that gave up sends it; a success whose
+    /// body could not be read), or a `409` to a retry after such an
+    /// attempt. The service's own error answer says it handled the
+    /// request: nothing of it can land after.
+    pub(crate) fn may_land_late(&self) -> bool {
         match self {
-            Error::Conflict(api) => Error::Conflict(api.after_uncertain_attempt()),
+            Error::Transport(e) => e.kind != TransportKind::Connect,
+            Error::InvalidResponse(_) => true,
+            Error::Server(e) | Error::UnexpectedStatus(e) => e.code.is_none(),
+            Error::Conflict(e) => e.first_may_land_late,
+            _ => false,
+        }
+    }
+
+    /// A `409` marked as answering a retry after an attempt that may have
+    /// been applied ([`Error::may_have_been_applied`]), and may still land
+    /// later (`may_land_late`); other errors as they are.
+    pub(crate) fn after_uncertain_attempt(self, may_land_late: bool) -> Self {
+        match self {
+            Error::Conflict(api) => Error::Conflict(api.after_uncertain_attempt(may_land_late)),
             other => other,
         }
     }

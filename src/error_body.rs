@@ -51,6 +51,7 @@ pub(crate) fn api_error(
         request_id: Some(request_id.to_owned()),
         retry_after,
         after_uncertain: false,
+        first_may_land_late: false,
     }
 }
 

@@ -65,11 +65,15 @@ pub(crate) fn retries_acquire(err: &Error) -> bool {
 }
 
 /// Whether a retry's error may stand for the first attempt's unknown
-/// outcome: only one just as uncertain. Anything else (a 429, a 401, a
-/// 409) answers the retry alone and says nothing of what the first attempt
-/// did, or may still do: it may be held on its way and applied later.
-pub(crate) fn settles(err: &Error) -> bool {
-    sabotaged!(RetrySettlesAll) || err.may_have_applied()
+/// outcome: only one just as uncertain (it may have been applied, and may
+/// still land if the first may: the service's own 503 to the retry does
+/// not stand for a first attempt a gateway let go on). Anything else (a
+/// 429, a 401, a 409) answers the retry alone and says nothing of what the
+/// first attempt did, or may still do: it may be held on its way and
+/// applied later.
+pub(crate) fn settles(first: &Error, retry: &Error) -> bool {
+    sabotaged!(RetrySettlesAll)
+        || (retry.may_have_applied() && (retry.may_land_late() || !first.may_land_late()))
 }
 
 /// What an acquire reports when its single retry failed with `retry`
@@ -78,11 +82,13 @@ pub(crate) fn settles(err: &Error) -> bool {
 /// that may have been applied; an error as uncertain as the first stands;
 /// anything else gives way to the first attempt's error.
 pub(crate) fn after_uncertain(first: Error, retry: Error) -> Error {
-    if settles(&retry) {
+    if settles(&first, &retry) {
         return retry;
     }
     match retry {
-        retry @ Error::Conflict(_) => retry.after_uncertain_attempt(),
+        // Whether the first may still land, too: the service's own 503
+        // leaves nothing on its way.
+        retry @ Error::Conflict(_) => retry.after_uncertain_attempt(first.may_land_late()),
         _ => first,
     }
 }
@@ -232,13 +238,19 @@ mod tests {
     use super::*;
 
     fn answer(status: u16) -> Error {
+        answer_with(status, None)
+    }
+
+    /// The service's own error envelope (its code), not a gateway's page.
+    fn answer_with(status: u16, code: Option<&str>) -> Error {
         Error::from_status(crate::ApiError {
             status: Some(status),
-            code: None,
+            code: code.map(str::to_owned),
             message: String::new(),
             request_id: None,
             retry_after: None,
             after_uncertain: false,
+            first_may_land_late: false,
         })
     }
 
@@ -260,8 +272,15 @@ mod tests {
         for status in [400, 401, 403, 404, 501, 418] {
             assert!(!waits_through(&answer(status)), "{status}");
         }
-        assert!(settles(&answer(503)) && settles(&answer(504)));
-        assert!(!settles(&answer(409)) && !settles(&answer(429)) && !settles(&answer(401)));
+        let late = answer(503);
+        assert!(settles(&late, &answer(503)) && settles(&late, &answer(504)));
+        for status in [409, 429, 401] {
+            assert!(!settles(&late, &answer(status)), "{status}");
+        }
+        // The service's own 503 does not stand for a first attempt that
+        // may still land; it does for one that cannot.
+        let own = answer_with(503, Some("lock_service_unavailable"));
+        assert!(!settles(&late, &own) && settles(&own, &late) && settles(&own, &own));
         let conflict = after_uncertain(answer(503), answer(409));
         assert!(conflict.is_lock_held() || conflict.status() == Some(409));
         assert!(conflict.may_have_been_applied(), "{conflict:?}");

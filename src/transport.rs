@@ -174,7 +174,7 @@ impl Transport {
                     });
                 }
                 (Ok(mut answer), _) => {
-                    answer.after_uncertain = first_error.is_some();
+                    answer.after_uncertain = first_error.as_ref().is_some_and(Error::may_land_late);
                     return Ok(answer);
                 }
                 (other, _) => return other,

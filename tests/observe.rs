@@ -146,26 +146,8 @@ async fn time_left_and_expiry_follow_the_services_clock() {
 /// lease, not a poll interval later: a look comes in its last moments.
 #[tokio::test]
 async fn an_expiry_is_seen_without_waiting_for_the_poll_interval() {
-    let server = MockServer::start().await;
-    let locks = mock_client(&server).locks();
-    let mut changes = locks
-        .observe("report")
-        .poll_interval(Duration::from_secs(60));
-    let lease = locks
-        .acquire("report", Duration::from_secs(5))
-        .await
-        .unwrap();
-    assert_eq!(next(&mut changes).await.kind(), ChangeKind::Initial);
-    let change = tokio::time::timeout(Duration::from_secs(9), changes.next())
-        .await
-        .expect("seen within a few seconds of the expiry, not after 60 s")
-        .unwrap()
-        .unwrap();
-    assert_eq!(change.kind(), ChangeKind::Expired);
-    assert_eq!(
-        change.previous().unwrap().fencing_token(),
-        Some(lease.fencing_token())
-    );
+    let (server, mut changes, lease) = observed_5_s_lease().await;
+    expires_in_a_few_seconds(&mut changes, &lease).await;
     let looks = looks(&server);
     assert!(looks <= 4, "{looks} looks for one expiry");
 }
@@ -355,16 +337,7 @@ async fn a_named_window_holds_the_other_observers_back_until_it_ends() {
 /// the stream said `Ended`.
 #[tokio::test]
 async fn a_next_dropped_during_the_last_moments_look_changes_nothing() {
-    let server = MockServer::start().await;
-    let locks = mock_client(&server).locks();
-    let mut changes = locks
-        .observe("report")
-        .poll_interval(Duration::from_secs(60));
-    let lease = locks
-        .acquire("report", Duration::from_secs(5))
-        .await
-        .unwrap();
-    assert_eq!(next(&mut changes).await.kind(), ChangeKind::Initial);
+    let (server, mut changes, lease) = observed_5_s_lease().await;
     // The look at its last moments is held 300 ms on its way; the
     // `next()` waiting for it is dropped 100 ms after it was sent.
     server.inject(
@@ -375,9 +348,31 @@ async fn a_next_dropped_during_the_last_moments_look_changes_nothing() {
     let due = changes.next_look_in();
     let dropped = tokio::time::timeout(due + Duration::from_millis(100), changes.next()).await;
     assert!(dropped.is_err(), "dropped in flight: {dropped:?}");
+    expires_in_a_few_seconds(&mut changes, &lease).await;
+}
+
+/// A 5 s lease on "report", observed at a 60 s poll interval, its initial
+/// state read.
+async fn observed_5_s_lease() -> (MockServer, Observe, volcano::LockLease) {
+    let server = MockServer::start().await;
+    let locks = mock_client(&server).locks();
+    let mut changes = locks
+        .observe("report")
+        .poll_interval(Duration::from_secs(60));
+    let lease = locks
+        .acquire("report", Duration::from_secs(5))
+        .await
+        .unwrap();
+    assert_eq!(next(&mut changes).await.kind(), ChangeKind::Initial);
+    (server, changes, lease)
+}
+
+/// The next change is `lease`'s expiry, seen within a few seconds of it
+/// (not a 60 s poll interval later).
+async fn expires_in_a_few_seconds(changes: &mut Observe, lease: &volcano::LockLease) {
     let change = tokio::time::timeout(Duration::from_secs(9), changes.next())
         .await
-        .expect("seen within a few seconds of the expiry")
+        .expect("seen within a few seconds of the expiry, not after 60 s")
         .unwrap()
         .unwrap();
     assert_eq!(change.kind(), ChangeKind::Expired);

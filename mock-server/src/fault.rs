@@ -56,7 +56,8 @@ pub enum FaultKind {
     /// Apply the request, then answer with its status and a body that is
     /// not JSON (a proxy's page). A `204` has no body to garble.
     GarbledResponse,
-    /// A gateway in front of the service: it answers `status` (a 5xx) after
+    /// A gateway in front of the service: it answers `status` (a 5xx, its
+    /// own HTML page, not the service's error envelope) after
     /// `patience_ms`, while the request goes on and is applied
     /// `apply_after_ms` after it arrived, whether or not its client is
     /// still there (either may come first).
@@ -230,7 +231,7 @@ impl Fault {
     }
 
     /// Play a gateway that gives up on the service: the client gets
-    /// `status` (a 5xx: 502, 503 or 504) and the service's error body
+    /// `status` (a 5xx: 502, 503 or 504) with the gateway's own HTML page
     /// after `patience`, while the request goes on and is applied
     /// `applied_after` after it arrived (journaled then, with the status
     /// the service answered, which nobody receives), whether or not its

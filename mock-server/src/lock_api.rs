@@ -138,7 +138,7 @@ async fn handle(
             .delay
             .saturating_add(Duration::from_millis(patience_ms));
         tokio::time::sleep(patience).await;
-        let mut response = fault_response(status).into_response();
+        let mut response = gateway_page(status);
         let now = gateway_clock.clock.now();
         response.headers_mut().insert(header::DATE, http_date(now));
         return (Outcome::Respond(response), planned.delay_response);
@@ -253,6 +253,19 @@ fn garbled(status: StatusCode) -> Response {
         "<html><body>upstream answered</body></html>",
     )
         .into_response()
+}
+
+/// A gateway's own answer of `status` (the `gateway` fault): its HTML
+/// page, not the service's error envelope, as a load balancer that gave
+/// up on the service sends it.
+fn gateway_page(status: u16) -> Response {
+    let status = StatusCode::from_u16(status).unwrap_or(StatusCode::GATEWAY_TIMEOUT);
+    let page = format!(
+        "<html><body><h1>{} {}</h1>the upstream service did not answer in time</body></html>",
+        status.as_u16(),
+        status.canonical_reason().unwrap_or("Gateway error")
+    );
+    (status, [(header::CONTENT_TYPE, "text/html")], page).into_response()
 }
 
 /// The answer an injected status fault sends instead of applying.

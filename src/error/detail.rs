@@ -17,11 +17,15 @@ pub struct ApiError {
     /// applied (a 409 to acquire's retry after a 503 or no answer): that
     /// attempt's outcome is still unknown.
     pub(crate) after_uncertain: bool,
+    /// ... and that attempt may still be applied later (no answer, a
+    /// gateway's 5xx), not only may have been.
+    pub(crate) first_may_land_late: bool,
 }
 
 impl ApiError {
-    pub(crate) fn after_uncertain_attempt(mut self) -> Self {
+    pub(crate) fn after_uncertain_attempt(mut self, may_land_late: bool) -> Self {
         self.after_uncertain = true;
+        self.first_may_land_late = may_land_late;
         self
     }
 
@@ -78,6 +82,7 @@ impl fmt::Debug for ApiError {
             .field("request_id", &self.request_id)
             .field("retry_after", &self.retry_after)
             .field("after_uncertain", &self.after_uncertain)
+            .field("first_may_land_late", &self.first_may_land_late)
             .finish()
     }
 }

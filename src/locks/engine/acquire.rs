@@ -140,8 +140,11 @@ struct Undo<'a> {
     /// is kept, for a release the caller asks for.
     generated: bool,
     in_flight: bool,
-    /// The latest moment a try whose outcome is unknown may still be
-    /// applied; `None` while every try was answered.
+    /// A try may have been applied (also by the service's own 5xx):
+    /// released at once when the call fails.
+    uncertain: bool,
+    /// The latest moment a try may still be applied (no answer, a
+    /// gateway's 5xx, a future dropped in flight); `None` while none may.
     land_by: Option<Instant>,
 }
 
@@ -162,6 +165,7 @@ impl<'a> Undo<'a> {
             token: Some(token),
             generated,
             in_flight: false,
+            uncertain: false,
             land_by: None,
         }
     }
@@ -172,8 +176,11 @@ impl<'a> Undo<'a> {
 
     fn answered<T>(&mut self, result: &Result<T>) {
         self.in_flight = false;
-        if matches!(result, Err(err) if err.may_have_applied()) {
-            self.unknown_from_now();
+        if let Err(err) = result {
+            self.uncertain |= err.may_have_applied();
+            if err.may_land_late() {
+                self.unknown_from_now();
+            }
         }
     }
 
@@ -208,10 +215,10 @@ impl Drop for Undo<'_> {
         if self.in_flight {
             self.unknown_from_now();
         }
-        let Some(land_by) = self.land_by else {
-            return;
-        };
         if !self.generated {
+            let Some(land_by) = self.land_by else {
+                return;
+            };
             // The caller recovers the lease with its token, or releases
             // it: a release it asks for before no try can land is
             // followed by another once none can.
@@ -221,7 +228,7 @@ impl Drop for Undo<'_> {
             }
             return;
         }
-        if sabotaged!(NoUndo) {
+        if !(self.uncertain || self.land_by.is_some()) || sabotaged!(NoUndo) {
             return;
         }
         let lease = LockLease::new(
@@ -230,7 +237,19 @@ impl Drop for Undo<'_> {
             chrono::DateTime::<chrono::Utc>::UNIX_EPOCH,
             0,
         );
-        release::undo(self.locks, lease, land_by, self.ttl);
+        match self.land_by {
+            // A try may still land: released at once and again once none
+            // can.
+            Some(land_by) => release::undo(self.locks, lease, land_by, self.ttl),
+            // The service answered every try itself: one release, for as
+            // long as a lease it granted may live.
+            None => release::in_background(
+                self.locks,
+                lease,
+                self.ttl.saturating_add(self.request_timeout),
+                "undo an acquire whose outcome is unknown",
+            ),
+        }
     }
 }
 

@@ -230,16 +230,28 @@ pub(crate) fn in_background(
     why: &'static str,
 ) {
     let persistence = Persistence::background(locks, live_for);
+    spawn(locks, lease, live_for, move |locks, lease, superseded| {
+        Box::pin(async move {
+            let ended = confirmed(&locks, &lease, persistence, Some(superseded)).await;
+            settled(ended, &lease, why)
+        })
+    });
+}
+
+/// Hands `body` (the releases of `lease`, given the client's locks, the
+/// lease and the superseded signal) to the client's background releases,
+/// registered for `live_for`.
+fn spawn<F>(locks: &Locks, lease: LockLease, live_for: Duration, body: F)
+where
+    F: FnOnce(Locks, LockLease, watch::Receiver<bool>) -> crate::BoxFuture<Settled>,
+{
     let task_locks = locks.clone();
     let (key, token) = (lease.key().to_owned(), lease.token().to_owned());
     locks
         .client()
         .background()
         .spawn_release(&key, &token, live_for, move |superseded| {
-            Box::pin(async move {
-                let ended = confirmed(&task_locks, &lease, persistence, Some(superseded)).await;
-                settled(ended, &lease, why)
-            })
+            body(task_locks, lease, superseded)
         });
 }
 
@@ -289,12 +301,11 @@ fn until_no_try_lands(
     let live_for = land_by
         .saturating_duration_since(Instant::now())
         .saturating_add(ttl);
-    let task_locks = locks.clone();
-    let (key, token) = (lease.key().to_owned(), lease.token().to_owned());
-    locks
-        .client()
-        .background()
-        .spawn_release(&key, &token, live_for, move |superseded| {
+    spawn(
+        locks,
+        lease,
+        live_for,
+        move |task_locks, lease, superseded| {
             Box::pin(async move {
                 if at_once {
                     let until_landed = land_by.saturating_duration_since(Instant::now());
@@ -328,7 +339,8 @@ fn until_no_try_lands(
                 let ended = confirmed(&task_locks, &lease, last, Some(superseded)).await;
                 settled(ended, &lease, why)
             })
-        });
+        },
+    );
 }
 
 /// How a background release's end counts for `Client::shutdown`.

@@ -99,6 +99,7 @@ mod tests {
             request_id: None,
             retry_after: None,
             after_uncertain: false,
+            first_may_land_late: false,
         }))
     }
 

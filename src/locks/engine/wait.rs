@@ -121,6 +121,8 @@ pub(crate) struct Waiter {
     /// `409` answers the later try only (the earlier may still land), so a
     /// timed-out wait's conflict says the acquire may have been applied.
     uncertain_before_conflict: bool,
+    /// ... and it may still land later.
+    late_before_conflict: bool,
     /// The step being taken follows a look at the holder.
     looked: bool,
     /// The newest failed try had no answer (a transport failure, a 503)
@@ -153,6 +155,7 @@ impl Waiter {
             last_other: None,
             last_uncertain: None,
             uncertain_before_conflict: false,
+            late_before_conflict: false,
             looked: false,
             unanswered: false,
             failing_since: None,
@@ -231,8 +234,13 @@ impl Waiter {
                 // The lock is someone else's (or our lapsed lease's) now;
                 // an earlier try of ours whose outcome is unknown may
                 // still land later.
-                if self.last_uncertain.take().is_some() || err.may_have_applied() {
+                if let Some(earlier) = self.last_uncertain.take() {
                     self.uncertain_before_conflict = true;
+                    self.late_before_conflict |= earlier.may_land_late();
+                }
+                if err.may_have_applied() {
+                    self.uncertain_before_conflict = true;
+                    self.late_before_conflict |= err.may_land_late();
                 }
                 self.unanswered = false;
                 self.last_conflict = Some(err);
@@ -352,10 +360,11 @@ impl Waiter {
             None
         };
         let uncertain = self.uncertain_before_conflict;
+        let late = self.late_before_conflict;
         let conflict = || {
             self.last_conflict.take().map(|conflict| {
                 if uncertain {
-                    conflict.after_uncertain_attempt()
+                    conflict.after_uncertain_attempt(late)
                 } else {
                     conflict
                 }
@@ -446,6 +455,7 @@ mod tests {
             request_id: None,
             retry_after,
             after_uncertain: false,
+            first_may_land_late: false,
         })
     }
 
