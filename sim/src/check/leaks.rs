@@ -385,6 +385,11 @@ struct Owners<'a> {
     kept_until: BTreeMap<(usize, &'a str), Duration>,
     /// Plain leases (an acquire, not a guard).
     plain: BTreeSet<(usize, &'a str, i64)>,
+    /// Leases granted to a program's own token: the SDK never releases
+    /// those behind the program's back (a late try of one is the
+    /// program's to recover or release; its error said it may have been
+    /// applied).
+    own: BTreeSet<(&'a str, i64)>,
 }
 
 impl<'a> Owners<'a> {
@@ -407,11 +412,47 @@ impl<'a> Owners<'a> {
                     .or_insert((*client, run.sim_time(r.at)));
             }
         }
+        // Grants no program learned of (a late try) to a program's own
+        // token.
+        let mut learned: BTreeSet<(&str, i64)> = BTreeSet::new();
+        let mut own_hashes: BTreeSet<u64> = BTreeSet::new();
+        for e in events {
+            match &e.event {
+                Event::Believes { key, fence, .. } | Event::Leased { key, fence, .. } => {
+                    learned.insert((key.as_str(), *fence));
+                }
+                Event::OwnToken { token_hash, .. } => {
+                    own_hashes.insert(*token_hash);
+                }
+                _ => {}
+            }
+        }
+        let token_of = |id: &str| {
+            server
+                .sent
+                .attempts
+                .iter()
+                .find(|a| a.request_id == id)
+                .and_then(|a| a.token.as_deref())
+        };
+        let own: BTreeSet<(&str, i64)> = server
+            .journal
+            .iter()
+            .filter(|r| r.operation == Operation::Acquire && r.status == Some(201))
+            .filter_map(|r| {
+                let fence = r.fencing_token?;
+                let token = token_of(r.request_id.as_deref()?)?;
+                let mine = own_hashes.contains(&crate::log::token_hash(token));
+                (mine && !learned.contains(&(r.key.as_str(), fence)))
+                    .then_some((r.key.as_str(), fence))
+            })
+            .collect();
         let mut owners = Owners {
             granted,
             kept_fences: BTreeSet::new(),
             kept_until: BTreeMap::new(),
             plain: BTreeSet::new(),
+            own,
         };
         for e in events {
             match &e.event {
@@ -443,6 +484,7 @@ impl<'a> Owners<'a> {
         let granted_at = self.granted.get(&(key, fence)).map(|&(_, at)| at);
         self.kept_fences.contains(&(client, key, fence))
             || self.plain.contains(&(client, key, fence))
+            || self.own.contains(&(key, fence))
             || self
                 .kept_until
                 .get(&(client, key))

@@ -136,8 +136,7 @@ struct Undo<'a> {
     /// The token sent; `None` once there is nothing to undo.
     token: Option<&'a str>,
     /// The SDK generated it: an unknown outcome is undone. A caller's
-    /// token is never released behind the caller's back; only its window
-    /// is kept, for a release the caller asks for.
+    /// token is never released behind the caller's back.
     generated: bool,
     in_flight: bool,
     /// A try may have been applied (also by the service's own 5xx):
@@ -194,10 +193,13 @@ impl<'a> Undo<'a> {
     }
 
     /// The acquisition succeeded: nothing to undo, but a try of it whose
-    /// outcome was unknown may still land after its lease is let go of
-    /// (also with the caller's token: the release is the caller's wish).
+    /// outcome was unknown may still land after its lease is let go of.
+    /// Only for a generated token: a caller's token is never released
+    /// behind its back, even after a release it asked for (it may have
+    /// acquired again with it, from another client or process).
     fn granted(&mut self) {
-        let (Some(token), Some(land_by)) = (self.token.take(), self.land_by) else {
+        let token = self.token.take().filter(|_| self.generated);
+        let (Some(token), Some(land_by)) = (token, self.land_by) else {
             return;
         };
         if land_by > Instant::now() {
@@ -216,16 +218,9 @@ impl Drop for Undo<'_> {
             self.unknown_from_now();
         }
         if !self.generated {
-            let Some(land_by) = self.land_by else {
-                return;
-            };
-            // The caller recovers the lease with its token, or releases
-            // it: a release it asks for before no try can land is
-            // followed by another once none can.
-            if land_by > Instant::now() {
-                let background = self.locks.client().background();
-                background.late_window(self.key, token, land_by, self.ttl);
-            }
+            // The caller recovers the lease with its token (the error
+            // says it may have been applied): nothing is released behind
+            // its back, not even later.
             return;
         }
         if !(self.uncertain || self.land_by.is_some()) || sabotaged!(NoUndo) {

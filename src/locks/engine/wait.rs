@@ -123,6 +123,9 @@ pub(crate) struct Waiter {
     uncertain_before_conflict: bool,
     /// ... and it may still land later.
     late_before_conflict: bool,
+    /// That try's error: what a timed-out wait returns rather than a later
+    /// failed connection, which would say nothing was applied.
+    earlier_uncertain: Option<Error>,
     /// The step being taken follows a look at the holder.
     looked: bool,
     /// The newest failed try had no answer (a transport failure, a 503)
@@ -156,6 +159,7 @@ impl Waiter {
             last_uncertain: None,
             uncertain_before_conflict: false,
             late_before_conflict: false,
+            earlier_uncertain: None,
             looked: false,
             unanswered: false,
             failing_since: None,
@@ -237,6 +241,7 @@ impl Waiter {
                 if let Some(earlier) = self.last_uncertain.take() {
                     self.uncertain_before_conflict = true;
                     self.late_before_conflict |= earlier.may_land_late();
+                    self.earlier_uncertain = Some(earlier);
                 }
                 if err.may_have_applied() {
                     self.uncertain_before_conflict = true;
@@ -355,7 +360,9 @@ impl Waiter {
             return None;
         }
         let unanswered = if self.unanswered {
-            self.last_other.take()
+            self.earlier_uncertain
+                .take()
+                .or_else(|| self.last_other.take())
         } else {
             None
         };
@@ -642,6 +649,38 @@ mod tests {
         retry(waiter.after(answer(429, Some(S(1)))));
         tokio::time::advance(S(5)).await;
         assert!(waiter.timed_out().expect("timed out").is_lock_held());
+    }
+
+    /// A try that timed out may still land: a later 409 and a later
+    /// refused connection do not erase it. The timed-out wait says it may
+    /// have been applied (a 409 after it alone: held, and may have been).
+    #[tokio::test(start_paused = true)]
+    async fn an_uncertain_try_outlives_later_409s_and_refused_connections() {
+        let timed_out = || {
+            Error::Transport(crate::error::TransportError {
+                kind: crate::error::TransportKind::Timeout,
+                request_id: String::new(),
+                server: None,
+                source: None,
+            })
+        };
+        let mut waiter = Waiter::new(S(5), S(10));
+        retry(waiter.after(timed_out()));
+        retry(waiter.after(answer(409, None)));
+        retry(waiter.after(refused_connection()));
+        tokio::time::advance(S(5)).await;
+        let err = waiter.timed_out().expect("timed out");
+        assert!(
+            err.may_have_been_applied() && err.may_land_late(),
+            "{err:?}"
+        );
+        let mut waiter = Waiter::new(S(5), S(10));
+        retry(waiter.after(timed_out()));
+        retry(waiter.after(answer(409, None)));
+        tokio::time::advance(S(5)).await;
+        let err = waiter.timed_out().expect("timed out");
+        assert!(err.is_lock_held() && err.may_have_been_applied(), "{err:?}");
+        assert!(err.may_land_late(), "{err:?}");
     }
 
     fn said(waiter: &mut Waiter, err: &Error) -> Option<Episode> {
