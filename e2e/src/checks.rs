@@ -56,6 +56,9 @@ pub(crate) struct Verdict {
     pub(crate) commits: usize,
     pub(crate) holders_per_key: BTreeMap<String, usize>,
     pub(crate) takeovers_judged: usize,
+    /// Kills of a holder not judged because a fault (a pause, a storm, a
+    /// 429 of the service's quota) overlapped its takeover window.
+    pub(crate) takeovers_overlapped: usize,
     pub(crate) slow_takeovers: usize,
     pub(crate) slowest_takeover_ms: i64,
     pub(crate) violations: Vec<String>,
@@ -303,6 +306,7 @@ fn progress(ev: &Evidence, v: &mut Verdict) {
                 .iter()
                 .any(|(a, b)| *a < window.1 && *b > window.0)
             {
+                v.takeovers_overlapped += 1;
                 continue;
             }
             let Some(next) = ev.first_grant_above(key, fence) else {

@@ -196,7 +196,9 @@ async fn run(
     let mut faults_on = faults.on.clone();
     faults_on.extend(faults.pauses.iter().copied());
     for r in &journal {
-        if r["status"] == 429 {
+        // An injected storm's 429s carry their fault and are in
+        // `faults.on` already, for as long as the storm lasted.
+        if r["status"] == 429 && r["fault"].is_null() {
             if let Some(at) = epoch_ms(&r["at"]) {
                 faults_on.push((at - 1_000, at + 60_000));
             }
@@ -296,8 +298,8 @@ fn print(fenced: bool, v: &Verdict, faults: &Faults, processes: usize) {
         v.lost_updates, v.stale_commits, v.untruthful, v.unexplained_refusals, v.leaks
     );
     println!(
-        "  takeovers after a kill judged: {}, slowest {} ms, too slow {}",
-        v.takeovers_judged, v.slowest_takeover_ms, v.slow_takeovers
+        "  takeovers after a kill judged: {}, slowest {} ms, too slow {} (not judged: {} with a fault in the window)",
+        v.takeovers_judged, v.slowest_takeover_ms, v.slow_takeovers, v.takeovers_overlapped
     );
     for violation in &v.violations {
         println!("  VIOLATION: {violation}");

@@ -97,7 +97,10 @@ pub(crate) async fn schedule(
             // about to write back (its last word `read`) or holds a lock
             // (`held`); one time in four, a `locks run` (holding or
             // waiting: it does not say) may be picked too.
-            let with_cli = pick % 4 == 0;
+            // A kill followed by quiet picks a library worker (a `locks
+            // run` says nothing the takeover bound could judge).
+            let quiet_kill = quiet_next_kill && (50..58).contains(&roll);
+            let with_cli = pick % 4 == 0 && !quiet_kill;
             let last = |name: &String| {
                 p.said
                     .get(name)
@@ -137,10 +140,22 @@ pub(crate) async fn schedule(
                 "pause past the ttl (SIGSTOP, SIGCONT)"
             }
             (50..58, Some((name, pid))) => {
-                lock(shared).killed.insert(name.clone(), start);
-                signal_family(*pid, Signal::KILL);
                 let quiet = quiet_next_kill;
                 quiet_next_kill = !quiet;
+                if quiet {
+                    // Quiet from the kill on: every paused process goes
+                    // on now (its pause ends here, not as planned).
+                    for (pids, _) in paused.drain(..) {
+                        for pid in pids {
+                            signal(pid, Signal::CONT);
+                        }
+                    }
+                    for pause in &mut faults.pauses {
+                        pause.1 = pause.1.min(start);
+                    }
+                }
+                lock(shared).killed.insert(name.clone(), start);
+                signal_family(*pid, Signal::KILL);
                 if quiet {
                     // No fault until the killed holder's lease has run
                     // out (a ttl), the service's grace (1 s) and the
