@@ -129,12 +129,26 @@ async fn time_left_and_expiry_follow_the_services_clock() {
     // Now with a look in its last second.
     let second = locks.acquire("report", TTL).await.unwrap();
     assert_eq!(next(&mut changes).await.kind(), ChangeKind::Acquired);
+    // The stream is read by a task of its own from here: no `next()` is
+    // dropped in the middle of the look in the last second.
+    let (sender, mut seen) = tokio::sync::mpsc::unbounded_channel();
+    let reader = tokio::spawn(async move {
+        while let Some(Ok(change)) = changes.next().await {
+            if sender.send(change).is_err() {
+                return;
+            }
+        }
+    });
     server.advance(TTL - Duration::from_millis(500));
     // The look in the last second shows no change.
-    let quiet = tokio::time::timeout(Duration::from_millis(400), changes.next()).await;
+    let quiet = tokio::time::timeout(Duration::from_millis(400), seen.recv()).await;
     assert!(quiet.is_err(), "no change yet: {quiet:?}");
     server.advance(Duration::from_secs(3));
-    let change = next(&mut changes).await;
+    let change = tokio::time::timeout(Duration::from_secs(10), seen.recv())
+        .await
+        .expect("a change")
+        .expect("the stream goes on");
+    reader.abort();
     assert_eq!(change.kind(), ChangeKind::Expired);
     assert_eq!(
         change.previous().unwrap().fencing_token(),
