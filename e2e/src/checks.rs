@@ -36,8 +36,9 @@ pub(crate) struct Evidence {
     /// The mock's journal had dropped its oldest entries.
     pub(crate) truncated: bool,
     /// When a network or service fault (partition, held answers, resets,
-    /// delays, storms) was on: [from, to).
-    pub(crate) faults_on: Vec<(i64, i64)>,
+    /// delays, storms), a pause or a 429 of the service's quota was on:
+    /// [from, to) and what it was.
+    pub(crate) faults_on: Vec<(i64, i64, &'static str)>,
 }
 
 /// What the checks found.
@@ -59,6 +60,8 @@ pub(crate) struct Verdict {
     /// Kills of a holder not judged because a fault (a pause, a storm, a
     /// 429 of the service's quota) overlapped its takeover window.
     pub(crate) takeovers_overlapped: usize,
+    /// The first fault found in each window not judged, by kind.
+    pub(crate) overlapped_by: BTreeMap<&'static str, usize>,
     pub(crate) slow_takeovers: usize,
     pub(crate) slowest_takeover_ms: i64,
     pub(crate) violations: Vec<String>,
@@ -300,13 +303,19 @@ fn progress(ev: &Evidence, v: &mut Verdict) {
             let Some(expired) = ev.expiries.get(&(key.to_owned(), fence)).copied() else {
                 continue;
             };
+            // A lease that had run out before the kill was lost already:
+            // no takeover after a kill to judge.
+            if ev.killed.get(name).is_some_and(|killed| expired <= *killed) {
+                continue;
+            }
             let window = (expired - 1_000, expired + bound);
-            if ev
+            if let Some((_, _, kind)) = ev
                 .faults_on
                 .iter()
-                .any(|(a, b)| *a < window.1 && *b > window.0)
+                .find(|(a, b, _)| *a < window.1 && *b > window.0)
             {
                 v.takeovers_overlapped += 1;
+                *v.overlapped_by.entry(kind).or_default() += 1;
                 continue;
             }
             let Some(next) = ev.first_grant_above(key, fence) else {

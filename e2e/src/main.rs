@@ -193,14 +193,18 @@ async fn run(
     let truncated = journal.first().is_some_and(|r| r["seq"] != 1);
     // The service's own 429s (its quota, not an injected storm) slow
     // waiters down as a fault does.
-    let mut faults_on = faults.on.clone();
-    faults_on.extend(faults.pauses.iter().copied());
+    let mut faults_on: Vec<(i64, i64, &'static str)> = faults
+        .on
+        .iter()
+        .map(|(a, b)| (*a, *b, "network or storm"))
+        .collect();
+    faults_on.extend(faults.pauses.iter().map(|(a, b)| (*a, *b, "pause")));
     for r in &journal {
         // An injected storm's 429s carry their fault and are in
         // `faults.on` already, for as long as the storm lasted.
         if r["status"] == 429 && r["fault"].is_null() {
             if let Some(at) = epoch_ms(&r["at"]) {
-                faults_on.push((at - 1_000, at + 60_000));
+                faults_on.push((at - 1_000, at + 60_000, "the service's 429"));
             }
         }
     }
@@ -297,9 +301,19 @@ fn print(fenced: bool, v: &Verdict, faults: &Faults, processes: usize) {
         "  lost updates: {}; stale commits: {}; untruthful reports: {}; unexplained refusals: {}; leaks: {}",
         v.lost_updates, v.stale_commits, v.untruthful, v.unexplained_refusals, v.leaks
     );
+    let by: Vec<String> = v
+        .overlapped_by
+        .iter()
+        .map(|(k, n)| format!("{k} {n}"))
+        .collect();
     println!(
-        "  takeovers after a kill judged: {}, slowest {} ms, too slow {} (not judged: {} with a fault in the window)",
-        v.takeovers_judged, v.slowest_takeover_ms, v.slow_takeovers, v.takeovers_overlapped
+        "  takeovers after a kill judged: {}, slowest {} ms, too slow {} (not judged: {} with a fault in the window{}{})",
+        v.takeovers_judged,
+        v.slowest_takeover_ms,
+        v.slow_takeovers,
+        v.takeovers_overlapped,
+        if by.is_empty() { "" } else { ": " },
+        by.join(", ")
     );
     for violation in &v.violations {
         println!("  VIOLATION: {violation}");

@@ -14,6 +14,9 @@ use crate::now_ms;
 use crate::processes::{family, lock, signal, signal_family, Shared};
 use crate::proxy::{Mode, Proxy};
 
+/// How long a kill followed by quiet is preceded by quiet too.
+const QUIET_BEFORE_KILL: Duration = Duration::from_millis(1_500);
+
 /// Counts of what the schedule did.
 #[derive(Debug, Default)]
 pub(crate) struct Faults {
@@ -77,12 +80,34 @@ pub(crate) async fn schedule(
             !over
         });
         let mut roll = rng.random_range(0..100);
-        // A run 8 s in without a kill kills now: the takeover
-        // bound must have a case to judge in every run.
-        if ran >= Duration::from_secs(8) && !faults.by_kind.contains_key("kill (SIGKILL)") {
+        // A run 8 s in without a kill kills now (followed by quiet, a
+        // holder as soon as one holds): the takeover bound must have a
+        // case to judge in every run.
+        if ran >= Duration::from_secs(8) && faults.quiet_after_kills == 0 {
             roll = 50;
         }
         let pick = rng.random_range(0..1000usize);
+        // A kill followed by quiet picks a library worker (a `locks run`
+        // says nothing the takeover bound could judge).
+        let quiet_kill = quiet_next_kill && (50..58).contains(&roll);
+        if quiet_kill {
+            // Quiet from before the kill on: every paused process goes on
+            // now (its pause ends here, not as planned), and no fault for
+            // a moment, so that a lease that expires within a second of
+            // the kill has its takeover window clear of the faults before.
+            // The holder is picked after that moment.
+            let now = now_ms();
+            for (pids, _) in paused.drain(..) {
+                for pid in pids {
+                    signal(pid, Signal::CONT);
+                }
+            }
+            for pause in &mut faults.pauses {
+                pause.1 = pause.1.min(now);
+            }
+            tokio::time::sleep(QUIET_BEFORE_KILL).await;
+        }
+        let now = tokio::time::Instant::now();
         let target = {
             let p = lock(shared);
             // Not one that is paused already.
@@ -97,9 +122,6 @@ pub(crate) async fn schedule(
             // about to write back (its last word `read`) or holds a lock
             // (`held`); one time in four, a `locks run` (holding or
             // waiting: it does not say) may be picked too.
-            // A kill followed by quiet picks a library worker (a `locks
-            // run` says nothing the takeover bound could judge).
-            let quiet_kill = quiet_next_kill && (50..58).contains(&roll);
             let with_cli = pick % 4 == 0 && !quiet_kill;
             let last = |name: &String| {
                 p.said
@@ -115,6 +137,13 @@ pub(crate) async fn schedule(
                 })
                 .cloned()
                 .collect();
+            // A kill followed by quiet is for a holder: with none now it
+            // waits for the next round (it is made before any other
+            // fault).
+            if quiet_kill && holding.is_empty() {
+                drop(p);
+                continue;
+            }
             let among = if holding.is_empty() { &live } else { &holding };
             (!among.is_empty()).then(|| among[pick % among.len()].clone())
         };
@@ -142,18 +171,6 @@ pub(crate) async fn schedule(
             (50..58, Some((name, pid))) => {
                 let quiet = quiet_next_kill;
                 quiet_next_kill = !quiet;
-                if quiet {
-                    // Quiet from the kill on: every paused process goes
-                    // on now (its pause ends here, not as planned).
-                    for (pids, _) in paused.drain(..) {
-                        for pid in pids {
-                            signal(pid, Signal::CONT);
-                        }
-                    }
-                    for pause in &mut faults.pauses {
-                        pause.1 = pause.1.min(start);
-                    }
-                }
                 lock(shared).killed.insert(name.clone(), start);
                 signal_family(*pid, Signal::KILL);
                 if quiet {
