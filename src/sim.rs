@@ -83,6 +83,13 @@ pub enum Sabotage {
     /// A scope's minimum hold is ignored: the lease is released as soon
     /// as the work ends.
     NoMinHold,
+    /// A minimum hold is kept by the process (renewing, then releasing)
+    /// instead of by the service: a process that dies during it frees the
+    /// key at its ttl, before the minimum's end.
+    MinHoldInProcess,
+    /// A leader's term is dropped as soon as `until` fires, without its
+    /// drain: the lock is released while the term may still work.
+    NoDrain,
     /// A leader's status still says it leads after its term's lock was
     /// lost, until the next term or the end of `run`.
     StaleLeaderStatus,

@@ -78,6 +78,13 @@ pub(crate) fn at_risk() {
     metrics::counter!("volcano_lock_at_risk_total").increment(1);
 }
 
+/// A minimum hold's keeping renewal could not be made: the key may be
+/// free before the minimum's end.
+pub(crate) fn min_hold_not_kept() {
+    #[cfg(feature = "metrics")]
+    metrics::counter!("volcano_min_hold_not_kept_total").increment(1);
+}
+
 /// A renewing lock (`hold`, `with_lock`, a leader's term) began.
 pub(crate) fn hold_started() {
     #[cfg(feature = "metrics")]

@@ -29,6 +29,19 @@ fn volcano(server: &MockServer, args: &[&str]) -> Command {
     command
 }
 
+/// The members of `locks run`'s summary, in order (serde_json sorts them).
+const SUMMARY_MEMBERS: [&str; 9] = [
+    "at_risk",
+    "exit_code",
+    "fencing_token",
+    "held_secs",
+    "key",
+    "lost",
+    "lost_reason",
+    "signal",
+    "started",
+];
+
 struct Ended {
     code: Option<i32>,
     stdout: String,
@@ -181,57 +194,84 @@ async fn renewals_failing_for_a_while_are_said_once_and_counted() {
     assert!(ended.stderr.contains("HTTP 503"), "{}", ended.stderr);
 }
 
-/// `--min-hold`: a command that ends at once keeps the lock until the
-/// minimum has passed; a minimum longer than `--max-hold` is refused.
+/// `--min-hold`: a command that ends at once exits at once, and the
+/// service keeps the key until the minimum's end with the CLI gone (one
+/// renewal, no release); another host's run meanwhile skips (exit 3). A
+/// minimum past 90 days or past `--max-hold` is refused before anything
+/// is sent (exit 2), by the SDK's own rule.
 #[tokio::test]
-async fn a_command_that_ends_early_keeps_the_lock_for_min_hold() {
+async fn a_command_that_ends_early_exits_and_the_service_keeps_the_key() {
     let server = MockServer::start().await;
-    let started = std::time::Instant::now();
-    let child = volcano(
-        &server,
-        &[
-            "--output",
-            "json",
-            "locks",
-            "run",
-            "report",
-            "--ttl",
-            "5",
-            "--min-hold",
-            "3s",
-            "--",
-            "true",
-        ],
-    )
-    .spawn()
-    .unwrap();
-    tokio::time::sleep(Duration::from_millis(1_500)).await;
-    assert!(live(&server, "report"), "kept after the command ended");
-    let ended = ended(child).await;
-    assert_eq!(ended.code, Some(0), "{}", ended.stderr);
-    assert!(started.elapsed() >= Duration::from_secs(3));
-    assert_eq!(ended.summary()["lost"], false);
-    assert!(!live(&server, "report"), "released after the minimum");
+    let began = server.now();
+    let run = |server: &MockServer| {
+        volcano(
+            server,
+            &[
+                "--output",
+                "json",
+                "locks",
+                "run",
+                "report",
+                "--ttl",
+                "5",
+                "--min-hold",
+                "60s",
+                "--",
+                "true",
+            ],
+        )
+        .spawn()
+        .unwrap()
+    };
+    let first = tokio::time::timeout(Duration::from_secs(10), ended(run(&server)))
+        .await
+        .expect("exits once the command has ended, not after the minimum");
+    assert_eq!(first.code, Some(0), "{}", first.stderr);
+    assert_eq!(first.summary()["lost"], false);
+    let members: Vec<String> = first
+        .summary()
+        .as_object()
+        .unwrap()
+        .keys()
+        .cloned()
+        .collect();
+    assert_eq!(members, SUMMARY_MEMBERS);
+    let operations: Vec<Operation> = server.requests().iter().map(|r| r.operation).collect();
+    assert_eq!(operations, [Operation::Acquire, Operation::Renew]);
+    let lock = server
+        .locks()
+        .into_iter()
+        .find(|l| l.key == "report")
+        .unwrap();
+    let kept = (lock.expires_at - began).to_std().unwrap();
+    assert!(
+        kept >= Duration::from_secs(60) && kept <= Duration::from_secs(62),
+        "kept {kept:?}"
+    );
+    let skipped = ended(run(&server)).await;
+    assert_eq!(skipped.code, Some(3), "{}", skipped.stderr);
+    server.advance(Duration::from_secs(63));
+    let later = ended(run(&server)).await;
+    assert_eq!(
+        later.code,
+        Some(0),
+        "free after the minimum: {}",
+        later.stderr
+    );
 
-    let refused = volcano(
-        &server,
-        &[
-            "locks",
-            "run",
-            "report",
-            "--min-hold",
-            "10s",
-            "--max-hold",
-            "5s",
-            "--",
-            "true",
-        ],
-    )
-    .output()
-    .await
-    .unwrap();
-    assert_eq!(refused.status.code(), Some(2), "{refused:?}");
-    assert!(String::from_utf8_lossy(&refused.stderr).contains("--min-hold"));
+    for (min, max) in [("91d", None), ("10s", Some("5s"))] {
+        let sent = server.requests().len();
+        let mut args = vec!["locks", "run", "other", "--min-hold", min];
+        if let Some(max) = max {
+            args.extend(["--max-hold", max]);
+        }
+        args.extend(["--", "true"]);
+        let refused = volcano(&server, &args).output().await.unwrap();
+        assert_eq!(refused.status.code(), Some(2), "{min}: {refused:?}");
+        let stderr = String::from_utf8_lossy(&refused.stderr);
+        assert!(stderr.contains("min_hold"), "{stderr}");
+        assert_eq!(server.requests().len(), sent, "{min}: nothing sent");
+    }
 }
 
 #[tokio::test]
@@ -572,7 +612,17 @@ async fn a_command_that_cannot_start_exits_127_and_releases_the_lock() {
     let ended = ended(child).await;
     assert_eq!(ended.code, Some(127), "{}", ended.stderr);
     assert!(ended.stderr.contains("cannot start"), "{}", ended.stderr);
-    assert_eq!(ended.summary()["started"], false);
+    let summary = ended.summary();
+    assert_eq!(summary["started"], false);
+    // One shape for every summary: each member present, null when empty.
+    let members: Vec<&str> = summary
+        .as_object()
+        .unwrap()
+        .keys()
+        .map(String::as_str)
+        .collect();
+    assert_eq!(members, SUMMARY_MEMBERS, "{summary}");
+    assert!(summary["lost_reason"].is_null(), "{summary}");
     assert!(!live(&server, "report"));
     assert!(server
         .requests()

@@ -161,3 +161,109 @@ async fn leader_fleets_stay_under_half_the_quota_and_keep_their_leaders() {
         );
     }
 }
+
+/// What deadline waiters starting together did beside renewing holders.
+#[derive(Debug)]
+struct Beside {
+    refused: usize,
+    refused_renewals: usize,
+    holders_lost: usize,
+    first_minute: usize,
+}
+
+impl Beside {
+    fn print(&self, what: &str) {
+        println!(
+            "{what}: first minute {} requests ({:.0} % of the quota), 429s {}, renewals refused \
+             {}, holders lost {}",
+            self.first_minute,
+            self.first_minute as f64 * 100.0 / f64::from(QUOTA),
+            self.refused,
+            self.refused_renewals,
+            self.holders_lost
+        );
+    }
+}
+
+/// `holders` clients each holding a key of its own (ttl 15 s) and
+/// `waiters` clients each waiting with a deadline of `secs` for one more
+/// key that another holds throughout, all starting in the same second on
+/// one project with the service's quota.
+async fn deadline_waiters_beside_holders(waiters: usize, holders: usize, secs: u64) -> Beside {
+    let server = MockServer::builder().rate_limit(QUOTA).start().await;
+    // Start at the beginning of a quota window (the server's clock is
+    // moved there, nothing waited for): the whole first minute falls in
+    // one window, the worst case for a burst.
+    let into_minute = server.now().timestamp_millis().rem_euclid(60_000) as u64;
+    server.advance(Duration::from_millis(60_000 - into_minute + 200));
+    let client = |server: &MockServer| {
+        Client::builder()
+            .service_key(server.service_key())
+            .api_url(server.url())
+            .timeout(Duration::from_secs(5))
+            .build()
+            .unwrap()
+    };
+    let busy = client(&server);
+    let busy_lock = busy.locks().hold("busy", TTL).await.unwrap();
+    let started_at = server.now();
+    let mut held = Vec::new();
+    for i in 0..holders {
+        let c = client(&server);
+        let lock = c.locks().hold(format!("held-{i}"), TTL).await.unwrap();
+        held.push((c, lock));
+    }
+    let mut waiting = Vec::new();
+    for _ in 0..waiters {
+        let c = client(&server);
+        waiting.push(tokio::spawn(async move {
+            let got = c
+                .locks()
+                .acquire("busy", TTL)
+                .wait(Duration::from_secs(secs))
+                .await;
+            assert!(got.is_err(), "the key stays held: {got:?}");
+        }));
+    }
+    for w in waiting {
+        w.await.unwrap();
+    }
+    let holders_lost = held.iter().filter(|(_, lock)| lock.is_lost()).count();
+    let journal = server.requests();
+    drop(busy_lock);
+    Beside {
+        refused: journal.iter().filter(|r| r.status == Some(429)).count(),
+        refused_renewals: journal
+            .iter()
+            .filter(|r| r.operation == Operation::Renew && r.status != Some(200))
+            .count(),
+        holders_lost,
+        first_minute: journal
+            .iter()
+            .filter(|r| r.at < started_at + chrono::TimeDelta::seconds(60))
+            .count(),
+    }
+}
+
+/// 16 waits with a deadline of a minute starting together beside 8
+/// holders on one 600/min quota: no 429, no renewal refused, no holder
+/// lost (a minute of real time).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sixteen_deadline_waiters_beside_eight_holders_leave_the_holders_alone() {
+    let beside = deadline_waiters_beside_holders(16, 8, 60).await;
+    beside.print("16 deadline waiters beside 8 holders");
+    assert_eq!(beside.refused, 0, "{beside:?}");
+    assert_eq!(beside.refused_renewals, 0, "{beside:?}");
+    assert_eq!(beside.holders_lost, 0, "{beside:?}");
+}
+
+/// 28 of them: more than the quota carries in their first minute. Not
+/// asserted: the 429s, refused renewals and losses are counted for
+/// docs/benchmarks.md (`cargo test -p volcano --test fleet -- --ignored
+/// --nocapture`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement for docs/benchmarks.md, a minute of real time"]
+async fn twenty_eight_deadline_waiters_beside_eight_holders_counted() {
+    let beside = deadline_waiters_beside_holders(28, 8, 60).await;
+    beside.print("28 deadline waiters beside 8 holders");
+}

@@ -1,6 +1,8 @@
-//! A minimum hold (DESIGN section 15): a job that ends early keeps its
-//! lock until `min_hold` after it was acquired; never past a loss, a
-//! panic or `max_hold`, and a dropped future releases at once.
+//! A minimum hold (DESIGN section 16): a job that ends early returns at
+//! once, and the service keeps the key until `min_hold` after it was
+//! acquired (one renewal to the minimum's end, no release), even with the
+//! process's client shut down; never past a loss, a panic or `max_hold`,
+//! and a dropped future releases at once.
 
 mod common;
 
@@ -8,7 +10,7 @@ use std::time::{Duration, Instant};
 
 use common::mock_client;
 use volcano::Error;
-use volcano_mock_server::{MockServer, Operation};
+use volcano_mock_server::{Fault, MockServer, Operation};
 
 const TTL: Duration = Duration::from_secs(5);
 const MIN: Duration = Duration::from_secs(6);
@@ -17,42 +19,148 @@ fn live(server: &MockServer, key: &str) -> bool {
     server.locks().iter().any(|l| l.key == key && l.live)
 }
 
-/// A job that returns at once keeps the lock (renewed, not released) until
-/// the minimum has passed; another worker meanwhile skips.
-#[tokio::test]
-async fn a_job_that_ends_early_keeps_the_lock_until_the_minimum() {
-    let server = MockServer::start().await;
-    let client = mock_client(&server);
-    let locks = client.locks();
-    let (done_tx, done) = tokio::sync::oneshot::channel();
-    let started = Instant::now();
-    let first = tokio::spawn({
-        let locks = locks.clone();
-        async move {
-            locks
-                .try_with_lock("report", TTL, |_guard| async move {
-                    let _ = done_tx.send(());
-                    Ok::<_, Error>(7)
-                })
-                .min_hold(MIN)
-                .await
-        }
-    });
-    done.await.unwrap();
-    // The job is over; the lock is still held, and another run skips.
-    let other = locks
+fn count(server: &MockServer, operation: Operation) -> usize {
+    server
+        .requests()
+        .iter()
+        .filter(|r| r.operation == operation)
+        .count()
+}
+
+/// A second worker's try: whether it ran.
+async fn another_runs(server: &MockServer) -> bool {
+    let other = mock_client(server);
+    let ran = other
+        .locks()
         .try_with_lock("report", TTL, |_guard| async { Ok::<_, Error>(()) })
         .await
         .unwrap();
-    assert_eq!(other, None, "held during the minimum");
-    assert_eq!(first.await.unwrap().unwrap(), Some(7));
-    assert!(started.elapsed() >= MIN, "{:?}", started.elapsed());
-    assert!(!live(&server, "report"), "released after the minimum");
-    let renewed = server
+    other.shutdown(Duration::from_secs(5)).await;
+    ran.is_some()
+}
+
+/// A job that returns at once returns at once: one renewal sets the
+/// lease's expiry to the minimum's end, nothing is released, and the key
+/// stays held (with the job's client shut down) until then, free no later
+/// than a second after it; a second worker skips meanwhile. The server's
+/// clock is moved, not waited for.
+#[tokio::test]
+async fn a_job_that_ends_early_returns_and_the_service_keeps_the_key() {
+    const MINIMUM: Duration = Duration::from_secs(60);
+    let server = MockServer::start().await;
+    let client = mock_client(&server);
+    let began = server.now();
+    let ran = tokio::time::timeout(
+        Duration::from_secs(10),
+        client
+            .locks()
+            .try_with_lock("report", TTL, |_guard| async move { Ok::<_, Error>(7) })
+            .min_hold(MINIMUM)
+            .send(),
+    )
+    .await
+    .expect("returns once the job has ended, not after the minimum");
+    assert_eq!(ran.unwrap(), Some(7));
+    assert_eq!(
+        client.shutdown(Duration::from_secs(5)).await,
+        Vec::<String>::new()
+    );
+    drop(client);
+    assert_eq!(count(&server, Operation::Acquire), 1);
+    assert_eq!(
+        count(&server, Operation::Renew),
+        1,
+        "{:?}",
+        server.requests()
+    );
+    assert_eq!(count(&server, Operation::Release), 0, "nothing released");
+    let lock = server
+        .locks()
+        .into_iter()
+        .find(|l| l.key == "report")
+        .unwrap();
+    let kept = (lock.expires_at - began).to_std().unwrap();
+    assert!(
+        kept >= MINIMUM && kept <= MINIMUM + Duration::from_secs(2),
+        "kept {kept:?} after the job began"
+    );
+    assert!(!another_runs(&server).await, "a second worker skips");
+    server.advance(MINIMUM - Duration::from_secs(2));
+    assert!(
+        !another_runs(&server).await,
+        "still kept near the minimum's end"
+    );
+    // The minimum's end, the rounding to a whole second and the service's
+    // second of grace.
+    server.advance(Duration::from_secs(2) + Duration::from_secs(2));
+    assert!(another_runs(&server).await, "free after the minimum");
+}
+
+/// The keeping renewal answered 503 is tried again within the lease's
+/// window: the minimum is kept.
+#[tokio::test]
+async fn a_keeping_renewal_that_fails_once_is_retried() {
+    let server = MockServer::start().await;
+    let client = mock_client(&server);
+    server.inject(Fault::status(503).on(Operation::Renew).times(1));
+    let ran = client
+        .locks()
+        .try_with_lock("report", TTL, |_guard| async move { Ok::<_, Error>(()) })
+        .min_hold(Duration::from_secs(30))
+        .await
+        .unwrap();
+    assert_eq!(ran, Some(()));
+    let renewals: Vec<_> = server
         .requests()
-        .iter()
-        .any(|r| r.operation == Operation::Renew && r.status == Some(200));
-    assert!(renewed, "renewed while kept past its ttl");
+        .into_iter()
+        .filter(|r| r.operation == Operation::Renew)
+        .map(|r| r.status)
+        .collect();
+    assert_eq!(renewals, [Some(503), Some(200)]);
+    assert!(live(&server, "report"));
+    assert_eq!(count(&server, Operation::Release), 0);
+}
+
+/// A keeping renewal that cannot be made (the service fails every renewal
+/// until the lease's deadline): the job's outcome stands, the minimum is
+/// not kept, and the lease ends at its last expiry. (Real time: the
+/// lease's 5 s.)
+#[tokio::test]
+async fn a_minimum_that_cannot_be_kept_leaves_the_outcome_and_the_lease_ends() {
+    let server = MockServer::start().await;
+    let client = mock_client(&server);
+    server.inject(Fault::status(503).on(Operation::Renew));
+    let ran = client
+        .locks()
+        .try_with_lock("report", TTL, |_guard| async move { Ok::<_, Error>(3) })
+        .min_hold(Duration::from_secs(60))
+        .await
+        .unwrap();
+    assert_eq!(ran, Some(3), "the work was covered");
+    assert!(count(&server, Operation::Renew) >= 2);
+    assert_eq!(count(&server, Operation::Release), 0);
+    server.clear_faults();
+    server.advance(TTL + Duration::from_secs(2));
+    assert!(!live(&server, "report"), "ends at its last expiry");
+}
+
+/// A minimum already passed when the job ends: released as without one.
+#[tokio::test]
+async fn a_minimum_already_passed_releases() {
+    let server = MockServer::start().await;
+    let locks = mock_client(&server).locks();
+    let ran = locks
+        .try_with_lock("report", TTL, |_guard| async move {
+            // The protocol's seconds: a minimum of one, waited for.
+            tokio::time::sleep(Duration::from_millis(1_100)).await;
+            Ok::<_, Error>(())
+        })
+        .min_hold(Duration::from_secs(1))
+        .await
+        .unwrap();
+    assert_eq!(ran, Some(()));
+    assert_eq!(count(&server, Operation::Release), 1);
+    assert!(!live(&server, "report"));
 }
 
 /// A minimum longer than the maximum: refused before anything is sent.
@@ -71,36 +179,26 @@ async fn a_minimum_longer_than_the_maximum_is_refused() {
     assert!(server.requests().is_empty());
 }
 
-/// Another holder during the minimum (a force release, then an acquire):
-/// the minimum ends, and the outcome says the lock was lost, since when
-/// the key was taken cannot be told.
+/// Another holder took the key while the job ran, unseen by the renewals
+/// (a force release, then an acquire): the keeping renewal is answered
+/// 409, and the outcome says the lock was lost, since when the key was
+/// taken cannot be told.
 #[tokio::test]
-async fn a_takeover_during_the_minimum_is_reported() {
+async fn a_takeover_before_the_minimum_is_kept_is_reported() {
     let server = MockServer::start().await;
     let locks = mock_client(&server).locks();
-    let (done_tx, done) = tokio::sync::oneshot::channel();
-    let job = tokio::spawn({
-        let locks = locks.clone();
-        async move {
-            locks
-                .with_lock("report", TTL, |_guard| async move {
-                    let _ = done_tx.send(());
-                    Ok::<_, Error>(())
-                })
-                .min_hold(Duration::from_secs(60))
-                .await
-        }
-    });
-    done.await.unwrap();
-    locks.force_release("report").await.unwrap();
-    let stolen = locks.acquire("report", TTL).await.unwrap();
-    let ended = tokio::time::timeout(Duration::from_secs(10), job)
-        .await
-        .expect("the minimum ends at the loss")
-        .unwrap();
+    let thief = mock_client(&server).locks();
+    let ended = locks
+        .with_lock("report", TTL, |_guard| async move {
+            thief.force_release("report").await?;
+            let stolen = thief.acquire("report", TTL).await?;
+            Ok::<_, Error>(stolen)
+        })
+        .min_hold(Duration::from_secs(60))
+        .await;
     let err = ended.unwrap_err();
     assert!(matches!(err, Error::LockLost(_)), "{err:?}");
-    locks.release(&stolen).await.unwrap();
+    assert_eq!(count(&server, Operation::Release), 0);
 }
 
 /// A panic is not held back, and a dropped future releases at once.

@@ -570,3 +570,61 @@ async fn a_waiter_waits_through_500_and_502() {
     let lease = waiting.await.unwrap().expect("waited through the 5xx");
     assert!(lease.fencing_token() > holder.fencing_token());
 }
+
+/// One quota clock per client: a 429 to one waiter's try (`Retry-After:
+/// 1`) holds back the client's other waiter, on another key, until that
+/// window has passed (after its first try, which goes at once). Without
+/// the shared clock the other waiter, early on its ramp, looks at once and
+/// tries every 0.3 s.
+#[tokio::test]
+async fn a_429_to_one_waiter_holds_back_the_clients_other_waiters() {
+    let server = MockServer::start().await;
+    let holder = mock_client(&server);
+    let _a = holder.locks().hold("a", TTL).await.unwrap();
+    let _b = holder.locks().hold("b", TTL).await.unwrap();
+    let client = mock_client(&server);
+    server.inject(
+        volcano_mock_server::Fault::status(429)
+            .on(Operation::Acquire)
+            .key("a")
+            .times(1),
+    );
+    let waits = |key: &'static str| {
+        let locks = client.locks();
+        async move {
+            locks
+                .acquire(key, TTL)
+                .wait(Duration::from_millis(2_500))
+                .await
+        }
+    };
+    // The other waiter begins once the 429 has come back.
+    let (a, b) = tokio::join!(waits("a"), async {
+        assert!(
+            eventually(Duration::from_secs(5), || {
+                server.requests().iter().any(|r| r.status == Some(429))
+            })
+            .await
+        );
+        waits("b").await
+    });
+    assert!(a.is_err() && b.is_err());
+    let journal = server.requests();
+    let refused = journal
+        .iter()
+        .find(|r| r.status == Some(429))
+        .expect("the 429")
+        .at;
+    let window = refused + chrono::TimeDelta::milliseconds(1_000);
+    // Its first try goes at once (a wait's first try is not held back);
+    // after its answer, nothing until the window has passed.
+    let tried_meanwhile: Vec<&RecordedRequest> = journal
+        .iter()
+        .filter(|r| r.key == "b" && r.at > refused && r.at < window)
+        .skip(1)
+        .collect();
+    assert!(
+        tried_meanwhile.is_empty(),
+        "the other waiter tried within the window: {tried_meanwhile:?}"
+    );
+}

@@ -35,6 +35,7 @@ mod leader;
 mod leaks;
 mod linear;
 mod margin;
+mod minimum;
 mod observe;
 mod recovery;
 mod renewal;
@@ -79,6 +80,8 @@ pub(crate) fn all(
     leaks::no_needless_undo(&run, out);
     leaks::at_end(&run, out);
     leaks::reported_at_shutdown(&run, out);
+    minimum::kept_by_the_service(&run, out);
+    leader::drains(&run, out);
     recovery::after_crash(&run, out);
     recovery::after_release(&run, out);
     truth::releases(&run, out);

@@ -120,6 +120,44 @@ pub(crate) enum Event {
         key: String,
         status: &'static str,
     },
+    /// A scope's closure returned with its lock held and `left` of its
+    /// minimum hold to go (on its host's clock): the service must keep
+    /// the key that long from now, whatever becomes of the process.
+    MinimumAsked {
+        client: usize,
+        key: String,
+        fence: i64,
+        left: Duration,
+    },
+    /// That scope ended: `kept` when it returned `Ok` with its lease
+    /// handed to the service (its guard's loss is `Released`).
+    MinimumEnded {
+        client: usize,
+        key: String,
+        fence: i64,
+        kept: bool,
+    },
+    /// A leader's `until` fired; its terms drain for up to `drain` (zero:
+    /// none).
+    UntilFired {
+        client: usize,
+        key: String,
+        drain: Duration,
+    },
+    /// A leader's term saw that it was asked to step down
+    /// (`stepping_down()` resolved) and finishes its work.
+    Draining {
+        client: usize,
+        key: String,
+        fence: i64,
+    },
+    /// A leader's term ended: it returned, or was dropped.
+    TermDone {
+        client: usize,
+        key: String,
+        fence: i64,
+        returned: bool,
+    },
     /// A fault the driver injected.
     Fault { what: String },
     /// The server clock jumped by `by` (excuses beliefs that span it).

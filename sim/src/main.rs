@@ -71,6 +71,8 @@ fn parse() -> Result<Args, String> {
                     "no-ramp" => Sabotage::NoRamp,
                     "no-risk-warning" => Sabotage::NoRiskWarning,
                     "no-min-hold" => Sabotage::NoMinHold,
+                    "min-hold-in-process" => Sabotage::MinHoldInProcess,
+                    "no-drain" => Sabotage::NoDrain,
                     "stale-leader-status" => Sabotage::StaleLeaderStatus,
                     "observe-misses-takeover" => Sabotage::ObserveMissesTakeover,
                     "observe-stalls" => Sabotage::ObserveStalls,

@@ -74,6 +74,8 @@ pub(crate) struct Observed {
     pub(crate) status: u16,
     /// The body's `fencing_token`, if it had one.
     pub(crate) fence: Option<i64>,
+    /// Its `Retry-After`, in seconds, if it had one.
+    pub(crate) retry_after: Option<Duration>,
 }
 
 /// The operation and key of a lock request's path and method.
@@ -141,6 +143,12 @@ impl Network for SimNetwork {
                         at,
                         status: answer.status,
                         fence: member(&answer.body, "fencing_token"),
+                        retry_after: answer
+                            .headers
+                            .get("retry-after")
+                            .and_then(|v| v.to_str().ok())
+                            .and_then(|v| v.trim().parse::<u64>().ok())
+                            .map(Duration::from_secs),
                     };
                     crate::lock(&senders).attempts[index].answer = Some(observed);
                 }

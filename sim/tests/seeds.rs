@@ -204,6 +204,25 @@ fn finds_a_minimum_hold_cut_short() {
 }
 
 #[test]
+fn finds_a_minimum_hold_kept_by_the_process() {
+    let (seed, violation) =
+        first_found(Sabotage::MinHoldInProcess).expect("found within the bound");
+    assert!(
+        violation.contains("min_hold kept by the process"),
+        "seed {seed}: {violation}"
+    );
+}
+
+#[test]
+fn finds_a_term_dropped_before_its_drain() {
+    let (seed, violation) = first_found(Sabotage::NoDrain).expect("found within the bound");
+    assert!(
+        violation.contains("leader drain"),
+        "seed {seed}: {violation}"
+    );
+}
+
+#[test]
 fn finds_a_leader_status_that_outlives_its_term() {
     let (seed, violation) =
         first_found(Sabotage::StaleLeaderStatus).expect("found within the bound");

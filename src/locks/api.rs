@@ -158,6 +158,7 @@ impl Locks {
             key: key.into(),
             ttl,
             options: AcquireOptions::default(),
+            min_hold: None,
         }
     }
 
@@ -397,6 +398,7 @@ impl Locks {
             ttl,
             options: AcquireOptions::default(),
             until: None,
+            drain: Duration::ZERO,
             status: tokio::sync::watch::Sender::new(LeaderStatus::Following),
             term: Default::default(),
             key_in_metrics: false,

@@ -81,13 +81,37 @@ pub(super) fn paced(run: &Run<'_>, out: &mut Vec<String>) {
         let Some(first) = requests.first() else {
             continue;
         };
+        // The 429s this client received, any request of it: until when
+        // each said the quota is spent (the client's waiters hold back
+        // until then, and stop ramping).
+        let quiet: Vec<(Duration, Duration)> = run
+            .server
+            .sent
+            .attempts
+            .iter()
+            .filter(|a| a.client == client)
+            .filter_map(|a| a.answer.as_ref())
+            .filter(|o| o.status == 429)
+            .filter_map(|o| Some((o.at, o.at + o.retry_after?.min(Duration::from_secs(60)))))
+            .collect();
         let mut throttled = false;
         let mut prev: Option<(Duration, bool)> = None;
         let mut previous_sent = from;
         for r in requests.iter().take_while(|r| r.sent < end) {
             if let Some((at, held)) = prev {
+                // A 429 to another of its client's requests since the
+                // wait began: a pause to its window, then the interval.
+                let told = quiet
+                    .iter()
+                    .filter(|(seen, _)| *seen <= at)
+                    .map(|(_, until)| *until)
+                    .max()
+                    .filter(|until| *until > at);
+                throttled |= told.is_some();
                 let step = ramp(at.saturating_sub(from), poll);
-                let latest = if throttled {
+                let latest = if let Some(until) = told {
+                    (until - at) + poll.mul_f64(1.1)
+                } else if throttled {
                     poll.mul_f64(1.1)
                 } else if step >= poll {
                     step.mul_f64(1.05)

@@ -219,3 +219,104 @@ pub(super) fn says_unreachable(run: &Run<'_>, out: &mut Vec<String>) {
         }
     }
 }
+
+/// A leader with a drain steps down as [`volcano::Leader::drain`] says:
+/// once its `until` fired, the running term is told
+/// (`stepping_down()`), is not dropped before the drain ran out unless it
+/// returned or its lock was lost, is dropped by then at the latest, and
+/// its lease is not released while it still runs.
+pub(super) fn drains(run: &Run<'_>, out: &mut Vec<String>) {
+    for (i, e) in run.events.iter().enumerate() {
+        let Event::UntilFired { client, key, drain } = &e.event else {
+            continue;
+        };
+        if drain.is_zero() {
+            continue;
+        }
+        let fired = e.at;
+        // The term running then: the next one of this candidate to end.
+        let Some((done_at, fence, returned)) =
+            run.events[i..].iter().find_map(|later| match &later.event {
+                Event::TermDone {
+                    client: c,
+                    key: k,
+                    fence,
+                    returned,
+                } if c == client && k == key => Some((later.at, *fence, *returned)),
+                _ => None,
+            })
+        else {
+            continue;
+        };
+        // That term began before `until` fired (else no term ran then).
+        let began = run.events[..i].iter().any(|earlier| {
+            matches!(&earlier.event, Event::Believes { client: c, key: k, fence: f }
+                if c == client && k == key && *f == fence)
+        });
+        if !began {
+            continue;
+        }
+        // Its lock lost before it ended: dropped at once, as it must be.
+        let lost = run.events[i..].iter().any(|later| {
+            later.at <= done_at
+                && matches!(&later.event, Event::Ended { client: c, key: k, fence: f, why }
+                    if c == client && k == key && *f == fence && why != "Released" && why != "ended")
+        });
+        // Its host crashed, or the program dropped the whole `run` (a
+        // cancelled operation): the term goes with it, drain or not.
+        let cut_short = run.events[i..].iter().any(|later| {
+            later.at <= done_at
+                && match &later.event {
+                    Event::Crashed { client: c } => c == client,
+                    Event::Note {
+                        client: c, what, ..
+                    } => c == client && what == "dropped an operation",
+                    _ => false,
+                }
+        });
+        if lost || cut_short {
+            continue;
+        }
+        let told = run.events[i..].iter().any(|later| {
+            later.at <= done_at
+                && matches!(&later.event, Event::Draining { client: c, key: k, fence: f }
+                    if c == client && k == key && *f == fence)
+        });
+        let what = if !returned && !told {
+            Some("was dropped without being told to step down".to_owned())
+        } else if !returned && done_at + SLACK < fired + *drain {
+            Some(format!(
+                "was dropped {:?} after until fired, before its drain ran out",
+                done_at - fired
+            ))
+        } else if done_at > fired + *drain + SLACK {
+            Some(format!(
+                "still ran {:?} after until fired, past its drain",
+                done_at - fired
+            ))
+        } else {
+            None
+        };
+        if let Some(what) = what {
+            out.push(format!(
+                "leader drain: client {client}'s term on {key} (fence {fence}, drain {drain:?}) {what}"
+            ));
+        }
+        let Some(token) = run.token_of(key, fence) else {
+            continue;
+        };
+        if let Some(a) = run.server.sent.attempts.iter().find(|a| {
+            a.operation == Operation::Release
+                && a.client == *client
+                && a.token.as_deref() == Some(token)
+                && a.sent >= fired
+                && a.sent + SLACK < done_at
+        }) {
+            out.push(format!(
+                "leader drain: client {client}'s lease on {key} (fence {fence}) was released at \
+                 {:?} while its term still ran (until {done_at:?})",
+                a.sent
+            ));
+        }
+    }
+}

@@ -390,6 +390,10 @@ struct Owners<'a> {
     /// program's to recover or release; its error said it may have been
     /// applied).
     own: BTreeSet<(&'a str, i64)>,
+    /// Leases handed to the service to keep for a minimum hold: kept
+    /// after the program ended, by design (judged by
+    /// [`super::minimum::kept_by_the_service`]).
+    minimums: BTreeSet<(usize, &'a str, i64)>,
 }
 
 impl<'a> Owners<'a> {
@@ -453,6 +457,7 @@ impl<'a> Owners<'a> {
             kept_until: BTreeMap::new(),
             plain: BTreeSet::new(),
             own,
+            minimums: BTreeSet::new(),
         };
         for e in events {
             match &e.event {
@@ -473,6 +478,14 @@ impl<'a> Owners<'a> {
                 Event::Leased { client, key, fence } => {
                     owners.plain.insert((*client, key.as_str(), *fence));
                 }
+                // Kept or not (a keeping renewal without an answer may
+                // have been applied), the lease ends by itself by the
+                // minimum's end or its last expiry.
+                Event::MinimumAsked {
+                    client, key, fence, ..
+                } => {
+                    owners.minimums.insert((*client, key.as_str(), *fence));
+                }
                 _ => {}
             }
         }
@@ -485,6 +498,7 @@ impl<'a> Owners<'a> {
         self.kept_fences.contains(&(client, key, fence))
             || self.plain.contains(&(client, key, fence))
             || self.own.contains(&(key, fence))
+            || self.minimums.contains(&(client, key, fence))
             || self
                 .kept_until
                 .get(&(client, key))

@@ -449,6 +449,7 @@ mod tests {
                 at: Duration::from_secs(at),
                 status,
                 fence: (status == 201).then_some(1),
+                retry_after: None,
             }),
             failed: None,
             garbled: None,

@@ -4,7 +4,7 @@
 //! clients sent: a lock that loses itself, or a guard that hammers the
 //! service, passes every safety check.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::time::Duration;
 
 use volcano_mock_server::Operation;
@@ -108,6 +108,18 @@ pub(super) fn schedule(run: &Run<'_>, out: &mut Vec<String>) {
             _ => None,
         })
         .collect();
+    // When a scope handed its lease to the service for a minimum hold: its
+    // keeping renewal, sent then, is not on the cadence.
+    let minimums: BTreeMap<(usize, &str, i64), Duration> = run
+        .events
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::MinimumAsked {
+                client, key, fence, ..
+            } => Some(((*client, key.as_str(), *fence), e.at)),
+            _ => None,
+        })
+        .collect();
     for (i, grant) in attempts.iter().enumerate() {
         let Some(answer) = grant.answer.as_ref().filter(|o| o.status == 201) else {
             continue;
@@ -116,6 +128,10 @@ pub(super) fn schedule(run: &Run<'_>, out: &mut Vec<String>) {
         else {
             continue;
         };
+        let kept_from = minimums
+            .get(&(grant.client, grant.key.as_str(), fence))
+            .copied()
+            .unwrap_or(Duration::MAX);
         if grant.operation != Operation::Acquire
             || plain.contains(&(grant.client, grant.key.as_str(), fence))
         {
@@ -140,6 +156,9 @@ pub(super) fn schedule(run: &Run<'_>, out: &mut Vec<String>) {
         let (mut earliest, mut sent, mut heard) = (first_sent, grant.sent, answer.at);
         let (mut retrying, mut refused) = (false, false);
         for first in renewals {
+            // The keeping renewal is sent when the work ends, not on the
+            // cadence.
+            let off_cadence = retrying || first.sent >= kept_from;
             let suspended = run.lease_clock_moved(grant.client, earliest, first.sent);
             let deadline = sent + ttl;
             let left = (earliest + ttl).saturating_sub(heard);
@@ -150,7 +169,7 @@ pub(super) fn schedule(run: &Run<'_>, out: &mut Vec<String>) {
                 .mul_f64(0.9)
                 .saturating_sub(SCHEDULE_SLACK);
             let latest = latest_renewal(sent, heard, ttl, run.clock_rate) + SCHEDULE_SLACK;
-            if !retrying && !suspended && first.sent < heard + soonest {
+            if !off_cadence && !suspended && first.sent < heard + soonest {
                 out.push(format!(
                     "renewed too soon: client {}'s guard on {} (fence {fence}, ttl {ttl:?}) \
                      renewed {:?} after the last answer, at {:?}",
@@ -165,7 +184,7 @@ pub(super) fn schedule(run: &Run<'_>, out: &mut Vec<String>) {
             // 2 s before the deadline.
             let cadence = on_cadence(ttl, deadline.saturating_sub(heard)) + SCHEDULE_SLACK;
             let timed = run.clock_rate == 1.0 && !suspended;
-            if !retrying && timed && first.sent > heard + cadence && first.sent <= latest {
+            if !off_cadence && timed && first.sent > heard + cadence && first.sent <= latest {
                 out.push(format!(
                     "renewed late on its cadence: client {}'s guard on {} (fence {fence}, ttl \
                      {ttl:?}) renewed {:?} after the last answer (due within {cadence:?}), at {:?}",
@@ -175,7 +194,7 @@ pub(super) fn schedule(run: &Run<'_>, out: &mut Vec<String>) {
                     first.sent
                 ));
             }
-            if !retrying && first.sent > latest {
+            if !off_cadence && first.sent > latest {
                 out.push(format!(
                     "renewed too late: client {}'s guard on {} (fence {fence}, ttl {ttl:?}) \
                      sent its renewal at {:?}, {:?} before the deadline the last one set",

@@ -140,6 +140,21 @@ impl<'a> Run<'a> {
     pub(super) fn sim_time(&self, at: DateTime<Utc>) -> Duration {
         sim_time(self.server, &self.jumps, at)
     }
+
+    /// The token a lease was granted to, from the acquire attempts
+    /// answered with its fence.
+    pub(super) fn token_of(&self, key: &str, fence: i64) -> Option<&'a str> {
+        self.server
+            .sent
+            .attempts
+            .iter()
+            .find(|a| {
+                a.operation == Operation::Acquire
+                    && a.key == key
+                    && a.answer.as_ref().and_then(|o| o.fence) == Some(fence)
+            })
+            .and_then(|a| a.token.as_deref())
+    }
 }
 
 /// A program's belief that it holds `key` under `fence`, from `from` to `to`.

@@ -293,25 +293,6 @@ impl Ctx {
             }
         }
     }
-
-    /// A scope kept for a minimum hold ended `held` (on the lease clock)
-    /// after its closure began: not before `min`, unless its lock was
-    /// lost.
-    pub(super) fn kept_for(&self, guard: &LockGuard, min: Duration, held: Duration) {
-        if held < min
-            && guard
-                .failure()
-                .is_none_or(|lost| lost.reason() == LostReason::Released)
-        {
-            self.log.push(Event::Contract {
-                client: self.id,
-                what: format!(
-                    "min_hold {min:?} on {}: the scope ended {held:?} after it began, the lock not lost",
-                    guard.key()
-                ),
-            });
-        }
-    }
 }
 
 /// What a guard says about itself agrees with itself: its key, and

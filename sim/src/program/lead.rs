@@ -24,11 +24,28 @@ impl Ctx {
         let cap = one_in(coin >> 50, 2).then(|| max_hold_for(coin >> 7));
         let span = campaign(work);
         let began = tokio::time::Instant::now();
+        // Half the leaders drain their term (0.5 s to 5.5 s) when `until`
+        // fires; the term then finishes in up to twice that, so that some
+        // outlive their drain and are dropped.
+        let drain = if one_in(coin >> 33, 2) {
+            Duration::from_millis(500 + (coin >> 35) % 5_000)
+        } else {
+            Duration::ZERO
+        };
+        let finishing = Duration::from_millis((coin >> 45) % (2 * drain.as_millis() as u64 + 1));
+        let until = {
+            let (log, client, key) = (self.log.clone(), self.id, key.to_owned());
+            async move {
+                tokio::time::sleep(span).await;
+                log.push(Event::UntilFired { client, key, drain });
+            }
+        };
         let leader = self
             .locks
             .leader(key, ttl)
             .poll_interval(poll_for(coin))
-            .until(tokio::time::sleep(span));
+            .until(until)
+            .drain(drain);
         let leader = match cap {
             Some(cap) => leader.max_hold(cap),
             None => leader,
@@ -43,16 +60,34 @@ impl Ctx {
         let result = leader
             .run(|term| async move {
                 self.announced(announced, key);
+                let mut done = TermDone::new(self, key, &term);
                 let ended = self.believe_term(&term, Some((watched.clone(), health.clone())));
                 let risk =
                     watch_term_risk(self.log.clone(), self.id, term.clone(), watched.clone());
-                if stalls {
-                    self.work(&[&term], work / 2).await;
-                    self.stall(&term, health, ttl);
+                let working = async {
+                    if stalls {
+                        self.work(&[&term], work / 2).await;
+                        self.stall(&term, health, ttl);
+                    }
+                    self.work(&[&term], Duration::from_secs(3600)).await;
+                    ended.await;
+                    risk.await;
+                };
+                tokio::select! {
+                    biased;
+                    () = term.stepping_down() => {
+                        self.log.push(Event::Draining {
+                            client: self.id,
+                            key: key.to_owned(),
+                            fence: term.lease().fencing_token(),
+                        });
+                        // The work in hand, through the gate, under the
+                        // lock that is still held.
+                        self.work(&[&term], finishing).await;
+                    }
+                    () = working => {}
                 }
-                self.work(&[&term], Duration::from_secs(3600)).await;
-                ended.await;
-                risk.await;
+                done.returned = true;
                 Ok::<_, volcano::Error>(())
             })
             .await;
@@ -111,6 +146,39 @@ impl Ctx {
                 term.lease().key()
             ));
         }
+    }
+}
+
+/// Logs how a term ended when it is dropped: returned (the term set
+/// `returned`), or dropped by its candidate.
+struct TermDone {
+    log: Log,
+    client: usize,
+    key: String,
+    fence: i64,
+    returned: bool,
+}
+
+impl TermDone {
+    fn new(ctx: &Ctx, key: &str, term: &LockGuard) -> Self {
+        TermDone {
+            log: ctx.log.clone(),
+            client: ctx.id,
+            key: key.to_owned(),
+            fence: term.lease().fencing_token(),
+            returned: false,
+        }
+    }
+}
+
+impl Drop for TermDone {
+    fn drop(&mut self) {
+        self.log.push(Event::TermDone {
+            client: self.client,
+            key: std::mem::take(&mut self.key),
+            fence: self.fence,
+            returned: self.returned,
+        });
     }
 }
 
@@ -182,6 +250,7 @@ fn watch_wakeups(
                     LeaderStatus::Leading { .. } => "leading",
                     LeaderStatus::Following => "following",
                     LeaderStatus::Unreachable { .. } => "unreachable",
+                    LeaderStatus::SteppingDown { .. } => "stepping down",
                     _ => "stopped",
                 },
             });

@@ -10,7 +10,7 @@ use super::op::{
     max_hold_for, min_hold_for, one_in, poll_for, timeout_for, uuid_from, wait_for, Op,
 };
 use crate::log::Event;
-use volcano::{AcquireOptions, LockGuard};
+use volcano::{AcquireOptions, LockGuard, LostReason};
 
 impl Ctx {
     /// One operation: the one `op` names.
@@ -123,6 +123,18 @@ impl Ctx {
             *crate::lock(began) = Some(self.clock.now());
             let ended = self.believe(&guard);
             self.work(&[&guard], work).await;
+            let began = (*crate::lock(began)).unwrap_or_default();
+            if let Some(min) = min_hold.filter(|_| !guard.is_lost()) {
+                let left = (began + min).saturating_sub(self.clock.now());
+                if !left.is_zero() {
+                    self.log.push(Event::MinimumAsked {
+                        client: self.id,
+                        key: key.to_owned(),
+                        fence: guard.lease().fencing_token(),
+                        left,
+                    });
+                }
+            }
             returned.send_replace(Some((!guard.is_lost()).then(|| guard.clone())));
             Ok::<_, volcano::Error>((ended, guard))
         });
@@ -157,17 +169,23 @@ impl Ctx {
         };
         // When the scope ended, read in its own future: the takeover may
         // go on after it.
-        let scope = async { (scope.await, self.clock.now()) };
-        let ((result, ended_at), ()) = tokio::join!(scope, takeover);
+        let (result, ()) = tokio::join!(scope, takeover);
         let held_at_end = held_at_end.borrow().clone().flatten();
         if let Some(guard) = held_at_end.filter(|_| min_hold.is_some()) {
             self.follows_min_hold(key, &guard, &result);
         }
         match result {
             Ok(Some((ended, guard))) => {
-                let began = *crate::lock(began);
-                if let (Some(min), Some(began)) = (min_hold, began) {
-                    self.kept_for(&guard, min, ended_at.saturating_sub(began));
+                if min_hold.is_some() {
+                    let kept = guard
+                        .failure()
+                        .is_some_and(|lost| lost.reason() == LostReason::Released);
+                    self.log.push(Event::MinimumEnded {
+                        client: self.id,
+                        key: key.to_owned(),
+                        fence: guard.lease().fencing_token(),
+                        kept,
+                    });
                 }
                 ended.await
             }

@@ -150,10 +150,12 @@ pub(crate) enum LockCommand {
         /// loss, the lock released, and the exit code is 9.
         #[arg(long, value_parser = parse_duration)]
         max_hold: Option<Duration>,
-        /// Keep the lock at least this long after it was acquired, however
+        /// Keep the key at least this long after it was acquired, however
         /// soon CMD exits (for cron jobs on several hosts: a host whose
-        /// schedule fires a little later finds it held and skips). A
-        /// signal to the CLI ends the wait and releases at once.
+        /// schedule fires a little later finds it held and skips). Kept by
+        /// the service: when CMD exits one renewal sets the lease's expiry
+        /// to the minimum's end (at least 5 s) and the CLI exits at once.
+        /// At most 90 days and at most --max-hold.
         #[arg(long, value_parser = parse_duration)]
         min_hold: Option<Duration>,
         /// Ownership token (a UUID); default: a new one.

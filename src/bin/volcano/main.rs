@@ -15,7 +15,6 @@ mod admin;
 mod args;
 mod child;
 mod exit;
-mod keep;
 mod output;
 mod run;
 mod status;

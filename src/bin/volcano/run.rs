@@ -23,7 +23,6 @@ use crate::child::{
     describe, in_terminal_foreground, shell_code, signal_child, spawn, Signals, Stop,
 };
 use crate::exit::{self, fail, Failure};
-use crate::keep::{keep_min_hold, taken_by_another, Kept};
 
 /// What `run` was asked to do. No `Debug`: it holds the ownership token.
 pub(crate) struct RunArgs {
@@ -103,14 +102,6 @@ pub(crate) async fn run(locks: &Locks, args: RunArgs) -> Result<Ran, Failure> {
             "no command given: volcano locks run KEY -- CMD [ARGS...]",
         )
     })?;
-    if let (Some(min), Some(max)) = (args.min_hold, args.options.get_max_hold()) {
-        if min > max {
-            return Err(fail(
-                exit::INVALID,
-                "--min-hold must not exceed --max-hold: the lock cannot be kept longer than it may be held",
-            ));
-        }
-    }
     // Signal handlers first: a signal between acquiring and starting the
     // child must not kill the CLI and leave the lease to its ttl.
     let mut signals = Signals::install()?;
@@ -139,8 +130,7 @@ pub(crate) async fn run(locks: &Locks, args: RunArgs) -> Result<Ran, Failure> {
     .await;
     let status =
         status.map_err(|e| fail(exit::OTHER, format!("lost track of the command: {e}")))?;
-    let kept = keep_min_hold(&holding.held, holding.started, args.min_hold, &mut signals).await;
-    Ok(finish(holding, status, stopped, kept).await)
+    Ok(finish(holding, status, stopped).await)
 }
 
 /// Acquires the lock. A signal while waiting for it ends the wait. A lease
@@ -152,9 +142,14 @@ async fn acquire(
     signals: &mut Signals,
 ) -> Result<HeldLock, Failure> {
     let token = args.options.get_token();
-    let hold = locks
+    // `--min-hold` is checked by the SDK, as for `min_hold`, before
+    // anything is sent; the release then keeps it.
+    let mut hold = locks
         .hold(&args.key, args.ttl)
         .options(args.options.clone());
+    if let Some(min) = args.min_hold {
+        hold = hold.min_hold(min);
+    }
     let waiting = args.options.get_wait().is_some();
     let hold = crate::status::while_waiting(locks, &args.key, waiting, hold.send());
     tokio::select! {
@@ -187,7 +182,8 @@ async fn not_started(holding: Holding<'_>, program: &str, err: &std::io::Error) 
     } else {
         126
     };
-    let released = holding.held.release().await;
+    // Nothing ran: no minimum to keep.
+    let released = holding.held.release_now().await;
     let mut warning = format!("cannot start {program:?}: {err}");
     match released {
         Ok(()) => {}
@@ -195,20 +191,44 @@ async fn not_started(holding: Holding<'_>, program: &str, err: &std::io::Error) 
         Err(Error::LockLost(lost)) => warning.push_str(&format!("; {lost}")),
         Err(err) => warning.push_str(&format!("; releasing the lock failed: {err}")),
     }
-    let summary = json!({
-        "key": holding.key,
-        "fencing_token": holding.fence,
-        "exit_code": code,
-        "signal": null,
-        "started": false,
-        "lost": false,
-        "at_risk": 0,
-        "held_secs": secs(holding.started.elapsed()),
-    });
+    let summary = Summary {
+        exit_code: Some(i32::from(code)),
+        signal: None,
+        started: false,
+        loss: None,
+        at_risk: 0,
+    }
+    .json(holding.key, holding.fence, holding.started.elapsed());
     Ran {
         code,
         summary,
         warning: Some(warning),
+    }
+}
+
+/// The summary of a run, printed with `--output json`: one shape, every
+/// member always present (`null` when it has no value).
+struct Summary<'a> {
+    exit_code: Option<i32>,
+    signal: Option<i32>,
+    started: bool,
+    loss: Option<&'a volcano::LockLost>,
+    at_risk: u32,
+}
+
+impl Summary<'_> {
+    fn json(self, key: &str, fence: i64, held_for: Duration) -> serde_json::Value {
+        json!({
+            "key": key,
+            "fencing_token": fence,
+            "exit_code": self.exit_code,
+            "signal": self.signal,
+            "started": self.started,
+            "lost": self.loss.is_some(),
+            "lost_reason": self.loss.map(|l| l.reason().to_string()),
+            "at_risk": self.at_risk,
+            "held_secs": secs(held_for),
+        })
     }
 }
 
@@ -264,14 +284,11 @@ async fn supervise(
     (status, stopped)
 }
 
-/// The command has exited: the lock is released, and the exit code is the
-/// command's, or 8 (9 for `--max-hold`) if the lock was lost meanwhile.
-async fn finish(
-    holding: Holding<'_>,
-    status: ExitStatus,
-    stopped: Stopped,
-    kept: Option<Kept>,
-) -> Ran {
+/// The command has exited: the lock is released (or, with `--min-hold`
+/// not passed yet, kept by the service until the minimum's end), and the
+/// exit code is the command's, or 8 (9 for `--max-hold`) if the lock was
+/// lost meanwhile.
+async fn finish(holding: Holding<'_>, status: ExitStatus, stopped: Stopped) -> Ran {
     let held_for = holding.started.elapsed();
     // Any loss up to now happened while the command ran (nothing awaited
     // since it exited), even one seen only now.
@@ -283,12 +300,6 @@ async fn finish(
     let loss = match (loss, &released) {
         (None, Err(Error::LockLost(taken))) => Some(taken.clone()),
         (loss, _) => loss,
-    };
-    // After a minimum hold: the loss when the command ended, or one to
-    // another holder since.
-    let loss = match kept {
-        Some(kept) => kept.covered.or_else(|| loss.filter(taken_by_another)),
-        None => loss,
     };
 
     let (exit_code, signal) = describe(status);
@@ -310,17 +321,14 @@ async fn finish(
             "releasing the lock failed ({err}); it may stay held until its ttl"
         )),
     }
-    let summary = json!({
-        "key": holding.key,
-        "fencing_token": holding.fence,
-        "exit_code": exit_code,
-        "signal": signal,
-        "started": true,
-        "lost": loss.is_some(),
-        "lost_reason": loss.as_ref().map(|l| l.reason().to_string()),
-        "at_risk": stopped.at_risk,
-        "held_secs": secs(held_for),
-    });
+    let summary = Summary {
+        exit_code,
+        signal,
+        started: true,
+        loss: loss.as_ref(),
+        at_risk: stopped.at_risk,
+    }
+    .json(holding.key, holding.fence, held_for);
     Ran {
         code,
         summary,

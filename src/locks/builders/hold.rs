@@ -33,6 +33,7 @@ pub struct Hold {
     pub(crate) key: String,
     pub(crate) ttl: Duration,
     pub(crate) options: AcquireOptions,
+    pub(crate) min_hold: Option<Duration>,
 }
 
 option_setters!(impl[] Hold => [options] {
@@ -51,6 +52,19 @@ impl Hold {
         self
     }
 
+    /// Keeps the lock at least `min_hold` after it was acquired, however
+    /// soon it is released: [`HeldLock::release`] before the minimum's end
+    /// has the service keep the key until then (one renewal, nothing
+    /// released), as [`WithLock::min_hold`](crate::WithLock::min_hold)
+    /// does when its closure returns; same rules, same errors. Dropping the
+    /// [`HeldLock`] still releases at once. A `min_hold` longer than 90
+    /// days or than the `max_hold` is `Error::InvalidArgument`, before
+    /// anything is sent.
+    pub fn min_hold(mut self, min_hold: Duration) -> Self {
+        self.min_hold = Some(min_hold);
+        self
+    }
+
     /// Acquires: the future `.await` runs, as a value that can be spawned
     /// or stored (the builder itself is not a future):
     /// `tokio::spawn(locks.hold("ingest", ttl).send())`.
@@ -64,7 +78,8 @@ impl IntoFuture for Hold {
     type IntoFuture = BoxFuture<Self::Output>;
 
     fn into_future(self) -> Self::IntoFuture {
-        let spec = Spec::new(&self.locks, self.key, self.ttl, self.options);
+        let mut spec = Spec::new(&self.locks, self.key, self.ttl, self.options);
+        spec.min_hold = self.min_hold;
         Box::pin(engine::hold::hold(spec, None))
     }
 }

@@ -22,6 +22,8 @@ pub struct Leader {
     /// deadline, with a token generated per campaign).
     pub(crate) options: AcquireOptions,
     pub(crate) until: Option<Signal>,
+    /// How long a term may take to return once `until` fired.
+    pub(crate) drain: Duration,
     /// What [`Leader::status`] watches.
     pub(crate) status: watch::Sender<LeaderStatus>,
     /// Label the leader's metrics with its key.
@@ -112,6 +114,14 @@ pub enum LeaderStatus {
         /// The term's renewals are failing.
         at_risk: bool,
     },
+    /// This candidate still leads but steps down: `until` fired and its
+    /// term drains ([`Leader::drain`]). The lock is held and renewed under
+    /// this fencing token until the term returns or the drain runs out.
+    /// Not ready for a readiness probe that routes leader-only work here.
+    SteppingDown {
+        /// The term's fencing token.
+        fencing_token: i64,
+    },
     /// Campaigning (or not started yet): another candidate leads, or the
     /// key is about to be taken.
     Following,
@@ -150,9 +160,49 @@ impl Leader {
         self
     }
 
+    /// Once `until` fires, lets the running term finish its work for up to
+    /// `drain` before the candidate steps down, instead of dropping it at
+    /// once. Meanwhile its lock stays held and renewed, the term's guard
+    /// says so ([`LockGuard::stepping_down`] resolves,
+    /// [`LockGuard::is_stepping_down`] is true) and the status is
+    /// [`LeaderStatus::SteppingDown`]. The lock is released only after the
+    /// term returned, or was dropped when the drain ran out (logged at
+    /// WARN), so the next leader cannot begin while this one still works.
+    ///
+    /// - A loss during the drain drops the term at once, as always: the
+    ///   lock is gone. `run` then returns without campaigning again.
+    /// - `run` returns the term's own result when it returned within the
+    ///   drain; `Ok(())` when it was dropped at the end of the drain.
+    /// - A term that never awaits cannot be dropped: see
+    ///   [`Leader::health`].
+    /// - Zero (the default): the term is dropped as soon as `until` fires.
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: volcano::Locks, sigterm: impl std::future::Future<Output = ()> + Send + 'static) -> Result<(), volcano::Error> {
+    /// use std::time::Duration;
+    /// locks
+    ///     .leader("scheduler", Duration::from_secs(15))
+    ///     .until(sigterm)
+    ///     .drain(Duration::from_secs(30))
+    ///     .run(|term| async move {
+    ///         while !term.is_stepping_down() {
+    ///             // ... one job, never cut in the middle by a SIGTERM ...
+    ///             # tokio::time::sleep(Duration::from_secs(1)).await;
+    ///         }
+    ///         Ok::<(), volcano::Error>(())
+    ///     })
+    ///     .await
+    /// # }
+    /// ```
+    pub fn drain(mut self, drain: Duration) -> Self {
+        self.drain = drain;
+        self
+    }
+
     /// Where this candidate stands, as a watch channel that `run` keeps
     /// up to date: [`LeaderStatus::Following`] until it is elected,
-    /// `Leading` while a term runs, `Unreachable` while campaigning
+    /// `Leading` while a term runs, `SteppingDown` while it drains,
+    /// `Unreachable` while campaigning
     /// without answers from the service, `Stopped` once `run` returned.
     /// Take it before calling `run`; clones see the same values.
     pub fn status(&self) -> watch::Receiver<LeaderStatus> {
@@ -192,13 +242,15 @@ impl Leader {
             ttl,
             options,
             until,
+            drain,
             status,
             key_in_metrics,
             term: slot,
         } = self;
         let report = engine::leader::Report::new(status, key_in_metrics.then(|| key.clone()), slot);
+        let ending = engine::leader::Ending { until, drain };
         Box::pin(engine::leader::elect(
-            locks, key, ttl, options, until, report, term,
+            locks, key, ttl, options, ending, report, term,
         ))
     }
 }

@@ -89,23 +89,34 @@ impl<F, E> WithLock<'_, F, E> {
     }
 
     /// Keeps the lock at least `min_hold` after it was acquired, however
-    /// soon `f` returns: the lease is renewed and not released until then,
-    /// so a job that finishes in two seconds runs at most once per period
-    /// across hosts whose clocks and schedules differ by a few seconds
-    /// (ShedLock's `lockAtLeastFor`). The future completes when the
-    /// minimum has passed and the lease is released.
+    /// soon `f` returns, so a job that finishes in two seconds runs at most
+    /// once per period across hosts whose clocks and schedules differ by a
+    /// few seconds (ShedLock's `lockAtLeastFor`). The minimum is kept by the
+    /// service, not by this process: when `f` returns, one renewal sets the
+    /// lease's expiry to the minimum's end, nothing is released, and the
+    /// future completes once that renewal is answered. The key stays taken
+    /// until then even if the process exits at once.
     ///
-    /// - A panic in `f` is not held back: the lease is released at once.
-    /// - A loss ends the minimum early: the lock is not held any more. An
-    ///   expiry or a failing service during the minimum does not change
-    ///   the outcome (the lease was ours when `f` returned); a loss to
-    ///   another holder does (`Error::LockLost`), since when the key was
-    ///   taken cannot be told. Either is logged at WARN.
+    /// - The expiry is the time left of the minimum rounded up to a whole
+    ///   second, never under the shortest lease (5 s): a job that ends less
+    ///   than 5 s before its minimum's end keeps the key up to 5 s from
+    ///   then. The key is free by that expiry plus the service's grace.
+    /// - A minimum already passed when `f` returns releases, as without
+    ///   one. A panic in `f` is not held back: the lease is released.
+    /// - A loss before `f` returned is reported as without a minimum. A
+    ///   keeping renewal answered by another token's lease is a loss
+    ///   (`Error::LockLost`): when the key was taken cannot be told. One
+    ///   that cannot be made (the service failing until the lease's
+    ///   deadline) does not change the outcome, since the work was covered,
+    ///   but the minimum is not kept: the key is free at the lease's last
+    ///   expiry. That is logged at WARN ("minimum hold not kept") and counted
+    ///   in `volcano_min_hold_not_kept_total`.
     /// - It never outlives `max_hold`: a `min_hold` longer than the
-    ///   `max_hold` is `Error::InvalidArgument`, before anything is sent.
-    /// - Dropping the future releases the lease at once, as always; a
-    ///   process that shuts down drops it (`Client::shutdown` does not
-    ///   wait for a minimum).
+    ///   `max_hold` (or than 90 days) is `Error::InvalidArgument`, before
+    ///   anything is sent.
+    /// - Dropping the future while `f` runs releases the lease at once, as
+    ///   always. [`Client::shutdown`](crate::Client::shutdown) neither
+    ///   waits for nor releases a kept minimum.
     pub fn min_hold(mut self, min_hold: Duration) -> Self {
         self.min_hold = Some(min_hold);
         self

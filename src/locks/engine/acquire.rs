@@ -269,6 +269,7 @@ pub(crate) async fn acquire(spec: Spec) -> Result<Measured> {
         owner,
         options,
         reach,
+        min_hold: _,
     } = spec;
     let ttl_secs = validate::ttl(ttl)?;
     validate::key(&key)?;
@@ -459,6 +460,13 @@ impl Try<'_> {
                     then = next;
                     pause
                 }
+            };
+            // Not before the window a 429 to any of this client's requests
+            // named (then spread, so that its waiters do not all try at
+            // that moment).
+            let pause = match self.locks.client().quota().quiet_until() {
+                Some(quiet) if quiet > Instant::now() => pause.max(waiter.until_quota(quiet)),
+                _ => pause,
             };
             match &failed {
                 None => tracing::debug!(

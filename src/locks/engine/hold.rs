@@ -9,7 +9,7 @@ use std::time::Duration;
 use tracing::Instrument;
 
 use super::release::{self, LetGo};
-use super::renewal::{renew_in_window, Counted, Renewal};
+use super::renewal::{renew_in_window, renew_in_window_for, Counted, Renewal};
 use super::state::{MaxHold, State};
 use super::Spec;
 use crate::error::{Error, LockLost, LostReason, Result};
@@ -37,6 +37,8 @@ async fn acquire_in(spec: Spec, span: tracing::Span) -> Result<HeldLock> {
     if max_hold.is_some_and(|d| d < MIN_MAX_HOLD) {
         return Err(Error::invalid("max_hold must be at least 1 s"));
     }
+    check_min_hold(spec.min_hold, max_hold)?;
+    let min_hold = spec.min_hold.filter(|_| !sabotaged!(NoMinHold));
     let locks = spec.locks.clone();
     let clock = locks.client().lease_clock().clone();
     let started = clock.now();
@@ -50,11 +52,15 @@ async fn acquire_in(spec: Spec, span: tracing::Span) -> Result<HeldLock> {
     let cap = max_hold.map(|d| MaxHold::after(d, clock.now(), &locks));
     let state = Arc::new(State::new(acquired, ttl, clock, started, cap));
     // From here on dropping this future releases the lease.
+    // From when the lock is handed over: at least that long after the
+    // server granted it.
+    let min_until = min_hold.map(|d| state.clock.now().saturating_add(d));
     let mut holding = Holding {
         state,
         locks,
         span,
         stage: Stage::Acquired(Counted::start()),
+        min_until,
     };
     // A slow or retried acquire may leave no time before the first
     // renewal: renew once before handing the lock over.
@@ -81,6 +87,8 @@ pub(crate) struct Holding {
     /// Where its renewals and release log.
     span: tracing::Span,
     stage: Stage,
+    /// The end of its minimum hold (lease clock), if it has one.
+    min_until: Option<Duration>,
 }
 
 /// Where a held lock is in its life, and so what dropping it must do.
@@ -101,7 +109,41 @@ impl Holding {
     /// Stops the renewal, records how the hold ended, marks every guard
     /// clone released *before* the release is sent, then releases: the
     /// loss (if any) up to this moment, and the release's result.
+    ///
+    /// With a minimum hold not passed yet and the lock not lost, the
+    /// service keeps the key until the minimum's end instead
+    /// ([`keep_for`](Self::keep_for)): a keeping renewal answered by
+    /// another token's lease is a loss (when the key was taken cannot be
+    /// told); one that cannot be made leaves the outcome (the work was
+    /// covered), logged at WARN and counted.
     pub(crate) async fn finish(self) -> (Option<LockLost>, Result<()>) {
+        let state = self.state.clone();
+        let left = self
+            .min_until
+            .map(|until| until.saturating_sub(state.clock.now()))
+            .filter(|left| !left.is_zero() && !state.check());
+        if let Some(left) = left {
+            return match self.keep_for(left).await {
+                (Some(loss), _) => (Some(loss), Ok(())),
+                (None, Ok(())) => (None, Ok(())),
+                (None, Err(failed)) if taken_by_another(&failed) => (Some(failed), Ok(())),
+                (None, Err(failed)) => {
+                    crate::telemetry::min_hold_not_kept();
+                    tracing::warn!(
+                        key = %state.key,
+                        reason = %failed,
+                        "minimum hold not kept: the lease ends at its last expiry, before the \
+                         minimum's end"
+                    );
+                    (None, Ok(()))
+                }
+            };
+        }
+        self.finish_now().await
+    }
+
+    /// [`finish`](Self::finish) without the minimum hold: released now.
+    pub(crate) async fn finish_now(self) -> (Option<LockLost>, Result<()>) {
         let span = self.span.clone();
         self.finish_unscoped().instrument(span).await
     }
@@ -154,6 +196,80 @@ impl Holding {
         }
     }
 
+    /// Ends the hold without a release: one renewal (retried within the
+    /// lease's window, as any renewal) sets the lease's expiry to `time`
+    /// from now, at least the shortest lease (5 s), rounded up to a whole
+    /// second; then nothing runs any more and the service keeps the key
+    /// until that expiry. A lock lost already, or a `time` of zero, is
+    /// released as [`finish`](Self::finish) does. Returns the loss up to
+    /// now, and the keeping renewal's failure (the lease then ends at its
+    /// last expiry, or was taken).
+    pub(crate) async fn keep_for(
+        mut self,
+        time: Duration,
+    ) -> (Option<LockLost>, std::result::Result<(), LockLost>) {
+        let span = self.span.clone();
+        async move {
+            if let Stage::Renewing(renewal) = std::mem::replace(&mut self.stage, Stage::Stopped) {
+                renewal.stop().await;
+            }
+            let state = self.state.clone();
+            state.check();
+            let loss = state.failure();
+            if time.is_zero() || loss.is_some() {
+                let (loss, released) = self.finish_unscoped().await;
+                let released = released.map_err(|err| {
+                    LockLost::new(state.key.clone(), LostReason::Released).with_cause(err)
+                });
+                return (loss, released);
+            }
+            if sabotaged!(MinHoldInProcess) {
+                // The planted bug: the minimum kept by this process alone.
+                let until = state.clock.now().saturating_add(time);
+                let _ = state.sleep_while_held(until).await;
+                let (loss, _) = self.finish_unscoped().await;
+                return (loss, Ok(()));
+            }
+            // Each attempt asks for the time left then: a retry does not
+            // push the expiry past the end.
+            let until = state.clock.now().saturating_add(time);
+            let left = move |state: &State| {
+                let left = until.saturating_sub(state.clock.now());
+                Duration::from_secs(left.as_secs() + u64::from(left.subsec_nanos() > 0))
+                    .clamp(validate::MIN_TTL, validate::MAX_TTL)
+            };
+            let kept = renew_in_window_for(&state, &self.locks, &left).await;
+            // Nothing is released on drop from here on: the service keeps
+            // the key until the expiry just set (or the last one, if the
+            // renewal could not be made).
+            let _renewing = std::mem::replace(&mut self.stage, Stage::Released);
+            match &kept {
+                Ok(()) => {
+                    state.mark(LockLost::new(state.key.clone(), LostReason::Released));
+                    // A try of the acquisition may still land and set the
+                    // expiry to its own ttl: put it right once none can.
+                    let lease = state.lease();
+                    let background = self.locks.client().background();
+                    if let Some((land_by, ttl)) =
+                        background.take_late_window(lease.key(), lease.token())
+                    {
+                        let kept_until = tokio::time::Instant::now() + time;
+                        release::kept_sweep(&self.locks, lease, land_by, ttl, kept_until);
+                    }
+                    tracing::debug!(
+                        key = %state.key,
+                        kept_for_ms = time.as_millis() as u64,
+                        "lock kept by the service until its minimum's end"
+                    );
+                }
+                Err(lost) => state.mark(lost.clone()),
+            }
+            (None, kept)
+        }
+        .instrument(span)
+        .await
+    }
+
     /// Lets go of the latest lease by the one release policy
     /// ([`release::let_go`]): a failure goes on in the background or is
     /// recorded for `Client::shutdown`.
@@ -204,5 +320,30 @@ impl Drop for Holding {
             state.server_may_hold_for(),
             "held lock dropped",
         );
+    }
+}
+
+/// A loss that shows another holder (a renewal or the release found
+/// another token), as opposed to an expiry, a failing service or a cap.
+fn taken_by_another(lost: &LockLost) -> bool {
+    lost.reason() == LostReason::TakenOver
+        || lost
+            .cause()
+            .is_some_and(|cause| cause.is_ownership_lost() || cause.is_lock_held())
+}
+
+/// A minimum hold that fits: at most the longest lease and the hold's
+/// `max_hold`.
+fn check_min_hold(min_hold: Option<Duration>, max_hold: Option<Duration>) -> Result<()> {
+    match (min_hold, max_hold) {
+        (Some(min), _) if min > validate::MAX_TTL => Err(Error::invalid(
+            "min_hold must be at most 90 days (the longest a lease lives)",
+        )),
+        (Some(min), Some(max)) if min > max => Err(Error::invalid(format!(
+            "min_hold ({}) must not exceed max_hold ({}): the lock cannot be kept longer than it may be held",
+            validate::seconds(min),
+            validate::seconds(max)
+        ))),
+        _ => Ok(()),
     }
 }

@@ -18,12 +18,23 @@ use crate::validate;
 
 pub(crate) type Signal = Pin<Box<dyn Future<Output = ()> + Send + 'static>>;
 
+/// How a candidate steps down: when (`until`), and how long its running
+/// term may take to return then.
+pub(crate) struct Ending {
+    pub(crate) until: Option<Signal>,
+    pub(crate) drain: Duration,
+}
+
 /// How one term ended.
 enum TermEnd<E> {
     /// The term function returned.
     Returned(Result<(), E>),
-    /// `until` fired: step down.
+    /// `until` fired: step down (after the drain ran out, if any).
     Resigned,
+    /// `until` fired and the term returned within its drain.
+    Drained(Result<(), E>),
+    /// `until` fired and the lease was lost during the drain.
+    LostDraining,
     /// The lease was lost: campaign again.
     Lost,
 }
@@ -142,6 +153,11 @@ impl Report {
         crate::telemetry::leader_elected(self.key.as_deref(), fencing_token);
     }
 
+    /// `until` fired: the term drains under its lock.
+    fn stepping_down(&self, fencing_token: i64) {
+        self.set(LeaderStatus::SteppingDown { fencing_token });
+    }
+
     fn at_risk(&self, at_risk: bool) {
         self.status.send_if_modified(|now| match now {
             LeaderStatus::Leading { at_risk: was, .. } if *was != at_risk => {
@@ -181,7 +197,7 @@ pub(crate) async fn elect<F, Fut, E>(
     key: String,
     ttl: Duration,
     options: AcquireOptions,
-    until: Option<Signal>,
+    ending: Ending,
     report: Report,
     mut term: F,
 ) -> std::result::Result<(), E>
@@ -193,9 +209,15 @@ where
     validate::ttl(ttl)?;
     validate::key(&key)?;
     let campaign = Spec::new(&locks, key, ttl, options.wait(Duration::MAX));
-    let until: Signal = until.unwrap_or_else(|| Box::pin(std::future::pending()));
+    let until: Signal = ending
+        .until
+        .unwrap_or_else(|| Box::pin(std::future::pending()));
     let mut tokens = Vec::new();
-    let result = campaign_and_lead(&campaign, until, &report, &mut term, &mut tokens).await;
+    let steps = Steps {
+        until,
+        drain: ending.drain,
+    };
+    let result = campaign_and_lead(&campaign, steps, &report, &mut term, &mut tokens).await;
     drop(report);
     // A release under any campaign's token may still be running in the
     // background: an acquire being undone, or a term's release that
@@ -216,11 +238,17 @@ where
     result
 }
 
+/// `until`, and the drain it starts.
+struct Steps {
+    until: Signal,
+    drain: Duration,
+}
+
 /// The campaign-and-term loop of [`Leader::run`]; every token it uses is
 /// pushed to `tokens`.
 async fn campaign_and_lead<F, Fut, E>(
     campaign: &Spec,
-    mut until: Signal,
+    steps: Steps,
     report: &Report,
     term: &mut F,
     tokens: &mut Vec<String>,
@@ -231,6 +259,7 @@ where
     E: From<Error> + Send,
 {
     let key = &campaign.key;
+    let Steps { mut until, drain } = steps;
     loop {
         let (mut this, span) = next_campaign(campaign, tokens);
         this.reach = Some(report.campaigning());
@@ -256,17 +285,40 @@ where
         let end = {
             let work = term(guard.clone()).instrument(span.clone());
             tokio::pin!(work);
+            // Once `until` fired: when the drain runs out.
+            let mut draining: Option<Pin<Box<tokio::time::Sleep>>> = None;
             loop {
                 // Read each time round, not only when the arm fires: a
                 // change between that and the next subscription (or a
                 // risk already under way when the term began) still shows.
-                report.at_risk(guard.at_risk().is_some());
+                if draining.is_none() {
+                    report.at_risk(guard.at_risk().is_some());
+                }
                 tokio::select! {
                     biased;
-                    _ = &mut until => break TermEnd::Resigned,
-                    _ = guard.lost() => break TermEnd::Lost,
-                    result = &mut work => break TermEnd::Returned(result),
-                    () = guard.at_risk_changed() => {}
+                    _ = &mut until, if draining.is_none() => {
+                        if drain.is_zero() || sabotaged!(NoDrain) {
+                            break TermEnd::Resigned;
+                        }
+                        tracing::info!(key = %key, fencing_token, drain_ms = drain.as_millis() as u64, "stepping down: the term drains");
+                        guard.state.stepping_down.send_replace(true);
+                        report.stepping_down(fencing_token);
+                        draining = Some(Box::pin(tokio::time::sleep(drain)));
+                    }
+                    _ = guard.lost() => break if draining.is_some() {
+                        TermEnd::LostDraining
+                    } else {
+                        TermEnd::Lost
+                    },
+                    result = &mut work => break match draining {
+                        Some(_) => TermEnd::Drained(result),
+                        None => TermEnd::Returned(result),
+                    },
+                    () = async { draining.as_mut().expect("draining").await }, if draining.is_some() => {
+                        tracing::warn!(key = %key, fencing_token, "the term did not return within its drain: dropped");
+                        break TermEnd::Resigned;
+                    }
+                    () = guard.at_risk_changed(), if draining.is_none() => {}
                 }
             }
         };
@@ -276,7 +328,8 @@ where
             TermEnd::Lost => guard
                 .failure()
                 .map_or("lost", |lost| crate::telemetry::reason(lost.reason())),
-            TermEnd::Resigned => "resigned",
+            TermEnd::LostDraining => "lost",
+            TermEnd::Resigned | TermEnd::Drained(_) => "resigned",
             TermEnd::Returned(_) => "returned",
         });
         // The term's future is gone before anything else happens.
@@ -297,9 +350,13 @@ where
                     return released.map_err(E::from);
                 }
             }
-            TermEnd::Resigned => {
+            TermEnd::Resigned | TermEnd::LostDraining => {
                 tracing::info!(key = %key, fencing_token, "resigned leadership");
                 return released.map_err(E::from);
+            }
+            TermEnd::Drained(result) => {
+                tracing::info!(key = %key, fencing_token, "resigned leadership once the term returned");
+                return result.and(released.map_err(E::from));
             }
             TermEnd::Returned(result) => {
                 tracing::info!(key = %key, fencing_token, "leadership ended by its term");

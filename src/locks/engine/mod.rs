@@ -63,6 +63,9 @@ pub(crate) struct Spec {
     /// service (`Some`: since when) and when answers come back (`None`):
     /// a leader's status.
     pub(crate) reach: Option<Reach>,
+    /// Keep the lock at least this long after it was handed over: its end
+    /// is kept by the service ([`hold::Holding::finish`]).
+    pub(crate) min_hold: Option<Duration>,
 }
 
 /// See [`Spec::reach`].
@@ -87,6 +90,7 @@ impl Spec {
             owner,
             options,
             reach: None,
+            min_hold: None,
         }
     }
 }

@@ -160,13 +160,23 @@ impl ServerClock {
     }
 }
 
-/// Until when the project's quota is spent, as a 429 to one of a client's
-/// observers said: the others wait for it too, instead of each spending a
-/// request to learn it.
+/// Until when the project's quota is spent, as a 429 to any of a client's
+/// requests said (a waiter's try or look, an observer's look, a renewal,
+/// a release): its waiters and observers wait for it too, instead of each
+/// spending a request to learn it. Renewals still go: a lost lock costs
+/// more than a try.
 #[derive(Debug, Default)]
 pub(crate) struct Quota(std::sync::Mutex<Option<Instant>>);
 
 impl Quota {
+    /// A 429 came at `received`: the quota is spent until the window it
+    /// names (at most a minute, the longest a window lasts).
+    pub(crate) fn refused(&self, err: &Error, received: Instant) {
+        if let (Error::RateLimited(_), Some(after)) = (err, err.retry_after()) {
+            self.spent_until(received + after.min(MAX_PAUSE));
+        }
+    }
+
     fn spent_until(&self, until: Instant) {
         let mut quiet = self
             .0
@@ -175,7 +185,7 @@ impl Quota {
         *quiet = Some(quiet.map_or(until, |q| q.max(until)));
     }
 
-    fn quiet_until(&self) -> Option<Instant> {
+    pub(crate) fn quiet_until(&self) -> Option<Instant> {
         *self
             .0
             .lock()
@@ -312,12 +322,10 @@ impl Observer {
                     return Some(Err(err));
                 }
                 Err(err) => {
+                    // The window the service named is the client's (every
+                    // request's 429 sets it: see `requests::send`); each
+                    // observer adds its own spread.
                     self.next_at = Some(received + self.pause(err.retry_after()));
-                    if let (Error::RateLimited(_), Some(after)) = (&err, err.retry_after()) {
-                        // The window the service named, for the client's
-                        // other observers (each adds its own spread).
-                        quota.spent_until(received + after.min(MAX_PAUSE));
-                    }
                     return Some(Err(err));
                 }
             }

@@ -290,6 +290,62 @@ pub(crate) fn sweep(locks: &Locks, lease: LockLease, land_by: Instant, ttl: Dura
     );
 }
 
+/// A lease of a generated token handed to the service for a minimum hold
+/// (kept until `kept_until`, not released) while a try of the acquisition
+/// that granted it may still land: such a try, applied with the same
+/// token, would set the expiry to its own ttl from then. Once none can
+/// (`land_by`), one more request puts it right: a renewal back to the
+/// minimum's end if that is still ahead, else a release.
+pub(crate) fn kept_sweep(
+    locks: &Locks,
+    lease: LockLease,
+    land_by: Instant,
+    ttl: Duration,
+    kept_until: Instant,
+) {
+    let live_for = land_by
+        .saturating_duration_since(Instant::now())
+        .saturating_add(ttl);
+    let why = "put a kept minimum right once a late try of the acquire can no longer land";
+    spawn(
+        locks,
+        lease,
+        live_for,
+        move |task_locks, lease, superseded| {
+            Box::pin(async move {
+                let mut stopped = superseded.clone();
+                tokio::select! {
+                    biased;
+                    _ = stopped.wait_for(|s| *s) => return Settled::MayBeHeld,
+                    () = tokio::time::sleep_until(land_by) => {}
+                }
+                let left = kept_until.saturating_duration_since(Instant::now());
+                if left.is_zero() {
+                    let last = Persistence::background(&task_locks, ttl);
+                    let ended = confirmed(&task_locks, &lease, last, Some(superseded)).await;
+                    return settled(ended, &lease, why);
+                }
+                let back = Duration::from_secs(left.as_secs() + u64::from(left.subsec_nanos() > 0))
+                    .max(crate::validate::MIN_TTL);
+                match super::requests::renew(&task_locks, &lease, back, &Default::default()).await {
+                    // Kept until the minimum's end, as before; or another's
+                    // by now: nothing of ours left.
+                    Ok(_) | Err(Error::Conflict(_)) => Settled::Freed,
+                    Err(err) => {
+                        tracing::warn!(
+                            key = lease.key(),
+                            why,
+                            error = %crate::error::chain(&err),
+                            "the kept minimum may last a late try's ttl"
+                        );
+                        Settled::MayBeHeld
+                    }
+                }
+            })
+        },
+    );
+}
+
 fn until_no_try_lands(
     locks: &Locks,
     lease: LockLease,

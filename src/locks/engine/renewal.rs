@@ -25,6 +25,17 @@ use crate::validate;
 /// would run past the last moment an attempt can still be sent is cut
 /// short, so that attempt is made.
 pub(crate) async fn renew_in_window(state: &State, locks: &Locks) -> Result<(), LockLost> {
+    renew_in_window_for(state, locks, &|state| state.ttl).await
+}
+
+/// [`renew_in_window`] asking the service for the ttl `ttl` says when
+/// each attempt is sent (a kept minimum asks for the time left of it, not
+/// the hold's ttl).
+pub(crate) async fn renew_in_window_for(
+    state: &State,
+    locks: &Locks,
+    ttl: &(dyn Fn(&State) -> Duration + Sync),
+) -> Result<(), LockLost> {
     let mut retrying = Retrying::new();
     let mut tally = Tally::new(state);
     loop {
@@ -40,7 +51,7 @@ pub(crate) async fn renew_in_window(state: &State, locks: &Locks) -> Result<(), 
         let lease = state.lease();
         let request_id = validate::new_uuid();
         tally.sending();
-        let result = send(state, locks, &lease, &request_id, budget).await;
+        let result = send(state, locks, &lease, &request_id, budget, ttl(state)).await;
         let err = match result {
             Ok(renewed) => {
                 tally.settle("renewed");
@@ -100,13 +111,14 @@ async fn send(
     lease: &LockLease,
     request_id: &str,
     budget: Duration,
+    ttl: Duration,
 ) -> Result<Measured, Error> {
     state.renewal_sent();
     let options = RequestOptions {
         request_id: Some(request_id.to_owned()),
         timeout: Some(budget.min(locks.client().timeout())),
     };
-    requests::renew(locks, lease, state.ttl, &options).await
+    requests::renew(locks, lease, ttl, &options).await
 }
 
 /// The pauses between attempts after transient failures.

@@ -47,11 +47,14 @@ pub(crate) async fn send<O: Operation>(
         send_by: window.send_by,
         answer_by: window.answer_by,
     };
-    locks
-        .client()
-        .transport()
-        .send(op, request_id, timing)
-        .await
+    let client = locks.client();
+    let answer = client.transport().send(op, request_id, timing).await;
+    if let Err(err) = &answer {
+        // A 429 to any of the client's requests tells its waiters and
+        // observers to hold back until its window has passed.
+        client.quota().refused(err, tokio::time::Instant::now());
+    }
+    answer
 }
 
 /// Renews `lease` for `ttl`, with what a guard needs to time it.

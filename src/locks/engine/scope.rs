@@ -111,9 +111,8 @@ where
     Fut: Future<Output = Result<T, E>>,
 {
     let undone = !matches!(spec.owner, super::Owner::Caller(_));
-    if let Err(err) = check_min_hold(how.min_hold, spec.options.max_hold) {
-        return (ends.not_acquired)(err, undone).map_err(into_err);
-    }
+    let mut spec = spec;
+    spec.min_hold = how.min_hold;
     // Dropping this future from here on drops `held`, which stops the
     // renewal and hands the release to the client.
     // Boxed, as is `finish` below: a future's size is that of its
@@ -123,13 +122,6 @@ where
         Err(err) => return (ends.not_acquired)(err, undone).map_err(into_err),
     };
     let guard = LockGuard::clone(&held);
-    let state = guard.state.clone();
-    // From when the lock was handed over: at least that long after the
-    // server granted it.
-    let kept_until = how
-        .min_hold
-        .filter(|_| !sabotaged!(NoMinHold))
-        .map(|d| state.clock.now().saturating_add(d));
     let cancel_on_loss = how.cancel_on_loss;
     let outcome = CatchUnwind(Box::pin(async move {
         let lost_guard = guard.clone();
@@ -145,51 +137,14 @@ where
         }
     }))
     .await;
-    // The work is done (a panic is not held back): the minimum, if any,
-    // keeps the lock. A loss meanwhile ends it; an expiry or a failing
-    // service then does not change the outcome (the lease was ours by its
-    // deadline when the work ended), but another holder does: when it
-    // took the key cannot be told, so the work may not have been covered.
-    let covered = kept_until.filter(|_| outcome.is_ok()).map(|until| {
-        let loss = state.loss();
-        (loss, until)
-    });
-    if let Some((None, until)) = &covered {
-        if let Err(lost) = state.sleep_while_held(*until).await {
-            tracing::warn!(key = %state.key, reason = %lost, "lock lost during its minimum hold");
-        }
-    }
-    let (loss, released) = Box::pin(held.finish()).await;
-    let loss = match covered {
-        Some((covered, _)) => covered.or_else(|| loss.filter(taken_by_another)),
-        None => loss,
+    // The work is done (a panic is not held back): a minimum not passed
+    // yet is kept by the service, else the lease is released.
+    let (loss, released) = if outcome.is_ok() {
+        Box::pin(held.finish()).await
+    } else {
+        Box::pin(held.finish_now()).await
     };
     outcome_of(outcome, loss, released, into_err).map(ends.ran)
-}
-
-/// A loss that shows another holder (a renewal or the release found
-/// another token), as opposed to an expiry, a failing service or a cap.
-fn taken_by_another(lost: &crate::LockLost) -> bool {
-    lost.reason() == crate::LostReason::TakenOver
-        || lost
-            .cause()
-            .is_some_and(|cause| cause.is_ownership_lost() || cause.is_lock_held())
-}
-
-/// A minimum hold that fits: at most the longest lease and the hold's
-/// `max_hold`.
-fn check_min_hold(min_hold: Option<Duration>, max_hold: Option<Duration>) -> crate::Result<()> {
-    match (min_hold, max_hold) {
-        (Some(min), _) if min > crate::validate::MAX_TTL => Err(Error::invalid(
-            "min_hold must be at most 90 days (the longest a lease lives)",
-        )),
-        (Some(min), Some(max)) if min > max => Err(Error::invalid(format!(
-            "min_hold ({}) must not exceed max_hold ({}): the lock cannot be kept longer than it may be held",
-            crate::validate::seconds(min),
-            crate::validate::seconds(max)
-        ))),
-        _ => Ok(()),
-    }
 }
 
 /// `with_locks`: the keys held as `hold_all` holds them, the closure run

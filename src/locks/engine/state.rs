@@ -98,6 +98,9 @@ pub(crate) struct State {
     pub(crate) lost: watch::Sender<bool>,
     /// Renewals failing while the lease is still ours.
     pub(crate) risk: Risk,
+    /// A leader's term asked to end (its candidate steps down and drains
+    /// it); never set for any other lock.
+    pub(crate) stepping_down: watch::Sender<bool>,
 }
 
 impl State {
@@ -127,6 +130,7 @@ impl State {
             clock,
             lost: watch::Sender::new(false),
             risk: Risk::new(),
+            stepping_down: watch::Sender::new(false),
         }
     }
 

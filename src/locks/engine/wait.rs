@@ -410,6 +410,15 @@ impl Waiter {
         };
     }
 
+    /// The pause until the client's quota window (`quiet`, named by a 429
+    /// to another of its requests) has passed, spread by up to one poll
+    /// interval; from then on this waiter, too, stops ramping.
+    pub(crate) fn until_quota(&mut self, quiet: Instant) -> Duration {
+        self.throttled = true;
+        let spread = self.poll_interval.min(MAX_RETRY_AFTER);
+        quiet.saturating_duration_since(Instant::now()) + spread.mul_f64(crate::random::unit())
+    }
+
     /// A pause past a server-named window (`Retry-After`, at most
     /// [`MAX_RETRY_AFTER`]), spread by up to one poll interval.
     fn spread(&self, retry_after: Option<Duration>) -> Duration {

@@ -133,6 +133,40 @@ impl LockGuard {
         })
     }
 
+    /// Resolves once this guard's leader term is asked to end: its
+    /// candidate's `until` fired and the term drains
+    /// ([`Leader::drain`](crate::Leader::drain)) while the lock stays held
+    /// and renewed. Finish the work in hand, then return from the term:
+    /// the lock is released only after that (or when the drain runs out
+    /// and the term is dropped). Never resolves for any other guard (a
+    /// `with_lock`, `hold` or set guard), nor for a term whose leader has
+    /// no drain (it is dropped at once). Cancel-safe, for `tokio::select!`.
+    ///
+    /// ```no_run
+    /// # async fn demo(term: volcano::LockGuard) {
+    /// loop {
+    ///     tokio::select! {
+    ///         () = term.stepping_down() => break,
+    ///         _ = tokio::time::sleep(std::time::Duration::from_secs(1)) => { /* the next job */ }
+    ///     }
+    /// }
+    /// # }
+    /// ```
+    pub fn stepping_down(&self) -> impl std::future::Future<Output = ()> + Send + 'static {
+        let mut asked = self.state.stepping_down.subscribe();
+        async move {
+            if asked.wait_for(|asked| *asked).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }
+    }
+
+    /// Whether this guard's leader term was asked to end
+    /// ([`LockGuard::stepping_down`]); never true for any other guard.
+    pub fn is_stepping_down(&self) -> bool {
+        *self.state.stepping_down.borrow()
+    }
+
     /// Resolves at the next change of [`LockGuard::at_risk`]: an episode
     /// of failing renewals begins or ends, or the lock is lost (after which
     /// nothing changes any more: await it beside [`LockGuard::lost`]).

@@ -46,7 +46,10 @@ impl HeldLock {
     }
 
     /// Stops renewing and releases the lease (tried again on transient
-    /// failures; release is idempotent). Returns `Error::LockLost` if
+    /// failures; release is idempotent). With a
+    /// [`min_hold`](crate::Hold::min_hold) not passed yet, the service
+    /// keeps the key until the minimum's end instead: one renewal, nothing
+    /// released, and nothing left running. Returns `Error::LockLost` if
     /// ownership was lost while held (the release is still sent), or if
     /// the release found another token holding the lock
     /// ([`LostReason::TakenOver`](crate::LostReason::TakenOver)); else the
@@ -61,9 +64,26 @@ impl HeldLock {
         }
     }
 
-    /// Ends the hold: the loss up to now, if any, and the release's result.
+    /// Releases now, as [`release`](Self::release) does without a minimum
+    /// hold, whatever its [`min_hold`](crate::Hold::min_hold): for work
+    /// that never began (a command that could not be started, say), which
+    /// the minimum has nothing to keep from running twice.
+    pub async fn release_now(self) -> Result<()> {
+        match self.finish_now().await {
+            (Some(lost), _) => Err(Error::LockLost(lost)),
+            (None, released) => released,
+        }
+    }
+
+    /// Ends the hold: the loss up to now, if any, and the release's result
+    /// (a minimum hold kept by the service instead, if it has one).
     pub(crate) async fn finish(self) -> (Option<LockLost>, Result<()>) {
         self.holding.finish().await
+    }
+
+    /// Ends the hold with a release now, whatever its minimum hold.
+    pub(crate) async fn finish_now(self) -> (Option<LockLost>, Result<()>) {
+        self.holding.finish_now().await
     }
 }
 

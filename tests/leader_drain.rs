@@ -1,0 +1,213 @@
+//! A leader that drains before it steps down (`Leader::drain`, DESIGN
+//! section 16): once `until` fires the term is told
+//! (`LockGuard::stepping_down`), its lock stays held and renewed, and it is
+//! released only after the term returned or the drain ran out; a loss
+//! still drops the term at once.
+
+mod common;
+
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::time::Duration;
+
+use common::*;
+use tokio::sync::{mpsc, oneshot};
+use volcano::{Error, LeaderStatus};
+use volcano_mock_server::{MockServer, Operation};
+
+const KEY: &str = "scheduler";
+const TTL: Duration = Duration::from_secs(5);
+
+fn held_on_server(server: &MockServer) -> bool {
+    server.locks().iter().any(|l| l.key == KEY && l.live)
+}
+
+/// Sets a flag when dropped: shows that a term's future was dropped.
+struct DropFlag(Arc<AtomicBool>);
+
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+/// `until` fires while the term works: the term sees it, the status says
+/// `SteppingDown`, the lock stays held; the term finishes its job and
+/// returns, and only then is the lock released, so a second candidate
+/// cannot begin before. `run` returns the term's result.
+#[tokio::test]
+async fn the_term_finishes_its_job_before_the_lock_is_released() {
+    let server = MockServer::start().await;
+    let client = mock_client(&server);
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let (told_tx, mut told) = mpsc::unbounded_channel::<&'static str>();
+    let (finish_tx, finish) = oneshot::channel::<()>();
+    let leader = client
+        .locks()
+        .leader(KEY, TTL)
+        .until(async move {
+            let _ = stop_rx.await;
+        })
+        .drain(Duration::from_secs(30));
+    let status = leader.status();
+    let mut finish = Some(finish);
+    let run = tokio::spawn(leader.run(move |term| {
+        let told = told_tx.clone();
+        let finish = finish.take();
+        async move {
+            assert!(!term.is_stepping_down());
+            told.send("elected").unwrap();
+            term.stepping_down().await;
+            assert!(term.is_stepping_down());
+            told.send("stepping down").unwrap();
+            // The job in hand ends when the test says so.
+            if let Some(finish) = finish {
+                let _ = finish.await;
+            }
+            Err::<(), Error>(Error::InvalidArgument("the term's own error".into()))
+        }
+    }));
+    assert_eq!(told.recv().await, Some("elected"));
+    stop_tx.send(()).unwrap();
+    assert_eq!(told.recv().await, Some("stepping down"));
+    assert!(matches!(
+        *status.borrow(),
+        LeaderStatus::SteppingDown { .. }
+    ));
+    // Another candidate cannot take the key while the term drains.
+    let other = mock_client(&server);
+    let taken = other
+        .locks()
+        .try_with_lock(KEY, TTL, |_guard| async { Ok::<_, Error>(()) })
+        .await
+        .unwrap();
+    assert_eq!(taken, None, "held while the term drains");
+    assert!(held_on_server(&server));
+    assert_eq!(
+        server
+            .requests()
+            .iter()
+            .filter(|r| r.operation == Operation::Release)
+            .count(),
+        0
+    );
+    finish_tx.send(()).unwrap();
+    let result = tokio::time::timeout(Duration::from_secs(10), run)
+        .await
+        .expect("run returns once the term returned")
+        .unwrap();
+    let err = result.unwrap_err();
+    assert!(err.to_string().contains("the term's own error"), "{err}");
+    assert!(!held_on_server(&server), "released after the term returned");
+    assert_eq!(*status.borrow(), LeaderStatus::Stopped);
+}
+
+/// A term that does not return within its drain is dropped then, and the
+/// lock released after; `run` returns `Ok(())`.
+#[tokio::test]
+async fn a_term_that_outlives_its_drain_is_dropped_then_released() {
+    let server = MockServer::start().await;
+    let client = mock_client(&server);
+    let dropped = Arc::new(AtomicBool::new(false));
+    let (elected_tx, elected) = oneshot::channel::<()>();
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let mut elected_tx = Some(elected_tx);
+    let run = tokio::spawn(
+        client
+            .locks()
+            .leader(KEY, TTL)
+            .until(async move {
+                let _ = stop_rx.await;
+            })
+            .drain(Duration::from_millis(300))
+            .run({
+                let dropped = dropped.clone();
+                move |_term| {
+                    let flag = DropFlag(dropped.clone());
+                    let elected = elected_tx.take();
+                    async move {
+                        let _flag = flag;
+                        if let Some(elected) = elected {
+                            let _ = elected.send(());
+                        }
+                        std::future::pending::<Result<(), Error>>().await
+                    }
+                }
+            }),
+    );
+    elected.await.unwrap();
+    stop_tx.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), run)
+        .await
+        .expect("run returns once the drain ran out")
+        .unwrap()
+        .unwrap();
+    assert!(dropped.load(Ordering::SeqCst));
+    assert!(!held_on_server(&server));
+}
+
+/// A loss while the term drains drops it at once, and `run` returns
+/// without campaigning again.
+#[tokio::test]
+async fn a_loss_during_the_drain_drops_the_term_at_once() {
+    let server = MockServer::start().await;
+    let client = mock_client(&server);
+    let dropped = Arc::new(AtomicBool::new(false));
+    let (told_tx, mut told) = mpsc::unbounded_channel::<&'static str>();
+    let (stop_tx, stop_rx) = oneshot::channel::<()>();
+    let run = tokio::spawn(
+        client
+            .locks()
+            .leader(KEY, TTL)
+            .until(async move {
+                let _ = stop_rx.await;
+            })
+            .drain(Duration::from_secs(60))
+            .run({
+                let dropped = dropped.clone();
+                move |term| {
+                    let flag = DropFlag(dropped.clone());
+                    let told = told_tx.clone();
+                    async move {
+                        let _flag = flag;
+                        let _ = told.send("elected");
+                        term.stepping_down().await;
+                        let _ = told.send("stepping down");
+                        std::future::pending::<Result<(), Error>>().await
+                    }
+                }
+            }),
+    );
+    assert_eq!(told.recv().await, Some("elected"));
+    stop_tx.send(()).unwrap();
+    assert_eq!(told.recv().await, Some("stepping down"));
+    client.locks().force_release(KEY).await.unwrap();
+    tokio::time::timeout(Duration::from_secs(15), run)
+        .await
+        .expect("the loss ends the drain")
+        .unwrap()
+        .unwrap();
+    assert!(dropped.load(Ordering::SeqCst));
+    let acquires = server
+        .requests()
+        .iter()
+        .filter(|r| r.operation == Operation::Acquire)
+        .count();
+    assert_eq!(acquires, 1, "no campaign after the drain");
+}
+
+/// No other guard is ever told to step down.
+#[tokio::test]
+async fn a_plain_guard_never_steps_down() {
+    let server = MockServer::start().await;
+    let locks = mock_client(&server).locks();
+    locks
+        .with_lock(KEY, TTL, |guard| async move {
+            assert!(!guard.is_stepping_down());
+            let told = tokio::time::timeout(Duration::from_millis(50), guard.stepping_down());
+            assert!(told.await.is_err());
+            Ok::<_, Error>(())
+        })
+        .await
+        .unwrap();
+}
