@@ -8,7 +8,7 @@ mod common;
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use common::*;
 use tokio::sync::{mpsc, oneshot};
@@ -146,8 +146,8 @@ async fn a_term_that_outlives_its_drain_is_dropped_then_released() {
     assert!(!held_on_server(&server));
 }
 
-/// A loss while the term drains drops it at once, and `run` returns
-/// without campaigning again.
+/// A loss while the term drains drops it at once, and `run` returns the
+/// loss without campaigning again.
 #[tokio::test]
 async fn a_loss_during_the_drain_drops_the_term_at_once() {
     let server = MockServer::start().await;
@@ -182,11 +182,14 @@ async fn a_loss_during_the_drain_drops_the_term_at_once() {
     stop_tx.send(()).unwrap();
     assert_eq!(told.recv().await, Some("stepping down"));
     client.locks().force_release(KEY).await.unwrap();
-    tokio::time::timeout(Duration::from_secs(15), run)
+    let ended = tokio::time::timeout(Duration::from_secs(15), run)
         .await
         .expect("the loss ends the drain")
-        .unwrap()
         .unwrap();
+    assert!(
+        matches!(ended, Err(Error::LockLost(_))),
+        "the loss is reported: {ended:?}"
+    );
     assert!(dropped.load(Ordering::SeqCst));
     let acquires = server
         .requests()
@@ -210,4 +213,104 @@ async fn a_plain_guard_never_steps_down() {
         })
         .await
         .unwrap();
+}
+
+/// The handoff between two leaders, with and without a drain: `until`
+/// fires while the term is 0.5 s into a 2 s job. Prints, per case, how
+/// long after `until` the old term ended and the new leader's term began,
+/// and whether the job in hand finished. For the closing figures (`cargo
+/// test -p volcano --test leader_drain -- --ignored --nocapture`).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+#[ignore = "a measurement, real time"]
+async fn handoff_with_and_without_a_drain() {
+    for drain in [Duration::ZERO, Duration::from_secs(10)] {
+        let mut gaps = Vec::new();
+        for _ in 0..5 {
+            let server = MockServer::start().await;
+            let (a, b) = (mock_client(&server), mock_client(&server));
+            let (stop_tx, stop_rx) = oneshot::channel::<()>();
+            let (event_tx, mut events) = mpsc::unbounded_channel::<(&'static str, Instant)>();
+            let job = Duration::from_secs(2);
+            let first = {
+                let events = event_tx.clone();
+                a.locks()
+                    .leader(KEY, TTL)
+                    .until(async move {
+                        let _ = stop_rx.await;
+                    })
+                    .drain(drain)
+                    .run(move |term| {
+                        let events = events.clone();
+                        async move {
+                            let _ = events.send(("a leads", Instant::now()));
+                            struct Ended(mpsc::UnboundedSender<(&'static str, Instant)>);
+                            impl Drop for Ended {
+                                fn drop(&mut self) {
+                                    let _ = self.0.send(("a's term ended", Instant::now()));
+                                }
+                            }
+                            let _ended = Ended(events.clone());
+                            loop {
+                                tokio::time::sleep(job).await;
+                                let _ = events.send(("a's job done", Instant::now()));
+                                if term.is_stepping_down() {
+                                    return Ok::<(), Error>(());
+                                }
+                            }
+                        }
+                    })
+            };
+            let first = tokio::spawn(first);
+            let (started_tx, started) = oneshot::channel::<()>();
+            let mut started_tx = Some(started_tx);
+            let second = {
+                let events = event_tx.clone();
+                tokio::spawn(
+                    b.locks()
+                        .leader(KEY, TTL)
+                        .poll_interval(Duration::from_millis(200))
+                        .run(move |_term| {
+                            let events = events.clone();
+                            let started = started_tx.take();
+                            async move {
+                                let _ = events.send(("b leads", Instant::now()));
+                                if let Some(started) = started {
+                                    let _ = started.send(());
+                                }
+                                Ok::<(), Error>(())
+                            }
+                        }),
+                )
+            };
+            // 0.5 s into a job (after a first one).
+            let mut at = std::collections::BTreeMap::new();
+            while let Some((what, when)) = events.recv().await {
+                at.entry(what).or_insert(when);
+                if what == "a's job done" {
+                    break;
+                }
+            }
+            tokio::time::sleep(Duration::from_millis(500)).await;
+            let fired = Instant::now();
+            stop_tx.send(()).unwrap();
+            started.await.unwrap();
+            first.await.unwrap().unwrap();
+            second.await.unwrap().unwrap();
+            drop(event_tx);
+            let mut jobs_after = 0;
+            while let Ok((what, when)) = events.try_recv() {
+                if what == "a's job done" && when > fired {
+                    jobs_after += 1;
+                }
+                at.insert(what, when);
+            }
+            let ended = at["a's term ended"] - fired;
+            let b_leads = at["b leads"] - fired;
+            gaps.push((ended, b_leads, jobs_after == 1));
+        }
+        println!("drain {drain:?}: (old term ended, new term began) after until, job finished:");
+        for (ended, b, finished) in gaps {
+            println!("  {ended:?}, {b:?}, {finished}");
+        }
+    }
 }

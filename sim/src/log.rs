@@ -128,6 +128,9 @@ pub(crate) enum Event {
         key: String,
         fence: i64,
         left: Duration,
+        /// Capped by an equal `max_hold`: with less than the shortest
+        /// lease left of the cap it is released (not judged as kept).
+        capped: bool,
     },
     /// That scope ended: `kept` when it returned `Ok` with its lease
     /// handed to the service (its guard's loss is `Released`).

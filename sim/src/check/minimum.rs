@@ -28,11 +28,13 @@ struct Asked<'a> {
 fn kept<'a>(run: &Run<'a>) -> Vec<Asked<'a>> {
     let mut found = Vec::new();
     for (i, e) in run.events.iter().enumerate() {
+        // A minimum capped by an equal `max_hold` ends with the cap.
         let Event::MinimumAsked {
             client,
             key,
             fence,
             left,
+            capped: false,
         } = &e.event
         else {
             continue;

@@ -114,6 +114,7 @@ impl Ctx {
     /// tried by a takeover during the minimum at times.
     async fn try_with_lock(&self, key: &str, ttl: Duration, work: Duration, coin: u64) {
         let min_hold = min_hold_for(coin);
+        let capped = min_hold.is_some() && one_in(coin >> 25, 4);
         let began = std::sync::Mutex::new(None);
         let began = &began;
         // The guard, if the closure returned with its lock not lost; told
@@ -132,6 +133,7 @@ impl Ctx {
                         key: key.to_owned(),
                         fence: guard.lease().fencing_token(),
                         left,
+                        capped,
                     });
                 }
             }
@@ -141,7 +143,7 @@ impl Ctx {
         // A quarter of the minimum holds are also the cap: a minimum as
         // long as the cap is valid.
         let scope = match min_hold {
-            Some(min) if one_in(coin >> 25, 4) => scope.min_hold(min).max_hold(min),
+            Some(min) if capped => scope.min_hold(min).max_hold(min),
             Some(min) => scope.min_hold(min),
             None => scope,
         };

@@ -93,6 +93,9 @@ struct Stopped {
     killed: bool,
     /// Episodes of failing renewals while it ran (each said once).
     at_risk: u32,
+    /// The CLI was sent a signal while it ran (passed on to it): a job
+    /// stopped from outside keeps no minimum.
+    signalled: bool,
 }
 
 pub(crate) async fn run(locks: &Locks, args: RunArgs) -> Result<Ran, Failure> {
@@ -130,7 +133,7 @@ pub(crate) async fn run(locks: &Locks, args: RunArgs) -> Result<Ran, Failure> {
     .await;
     let status =
         status.map_err(|e| fail(exit::OTHER, format!("lost track of the command: {e}")))?;
-    Ok(finish(holding, status, stopped).await)
+    Ok(finish(holding, status, stopped, &mut signals).await)
 }
 
 /// Acquires the lock. A signal while waiting for it ends the wait. A lease
@@ -245,6 +248,7 @@ async fn supervise(
     let mut killed = false;
     let mut at_risk = 0;
     let mut risky = false;
+    let mut signalled = false;
     let status = loop {
         let kill_at = lost_at.map(|at| tokio::time::Instant::from_std(at + kill_after));
         tokio::select! {
@@ -268,6 +272,7 @@ async fn supervise(
                 let _ = child.start_kill();
             }
             signal = signals.next() => {
+                signalled = true;
                 // In the terminal's foreground group the signals the
                 // terminal sends reached the child already.
                 if own_group || !signal.sent_by_terminal() {
@@ -280,6 +285,7 @@ async fn supervise(
         terminated: lost_at.is_some(),
         killed,
         at_risk,
+        signalled,
     };
     (status, stopped)
 }
@@ -288,12 +294,28 @@ async fn supervise(
 /// not passed yet, kept by the service until the minimum's end), and the
 /// exit code is the command's, or 8 (9 for `--max-hold`) if the lock was
 /// lost meanwhile.
-async fn finish(holding: Holding<'_>, status: ExitStatus, stopped: Stopped) -> Ran {
+async fn finish(
+    holding: Holding<'_>,
+    status: ExitStatus,
+    stopped: Stopped,
+    signals: &mut Signals,
+) -> Ran {
     let held_for = holding.started.elapsed();
     // Any loss up to now happened while the command ran (nothing awaited
     // since it exited), even one seen only now.
     let loss = holding.held.failure();
-    let released = holding.held.release().await;
+    // A job stopped by a signal keeps no minimum; a signal while the
+    // minimum is being handed to the service ends that at once (the lease
+    // is then released in the background, which the CLI's closing
+    // shutdown waits for).
+    let released = if stopped.signalled {
+        holding.held.release_now().await
+    } else {
+        tokio::select! {
+            released = holding.held.release() => released,
+            _ = signals.next() => Ok(()),
+        }
+    };
     // A release that found another token holding the lock proves a loss
     // the renewals had not seen yet (a force release before the first
     // renewal): the command ran, at least in part, without the lock.

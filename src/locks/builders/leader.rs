@@ -170,7 +170,8 @@ impl Leader {
     /// WARN), so the next leader cannot begin while this one still works.
     ///
     /// - A loss during the drain drops the term at once, as always: the
-    ///   lock is gone. `run` then returns without campaigning again.
+    ///   lock is gone. `run` then returns `Error::LockLost` (the work in
+    ///   hand may not have finished) without campaigning again.
     /// - `run` returns the term's own result when it returned within the
     ///   drain; `Ok(())` when it was dropped at the end of the drain.
     /// - A term that never awaits cannot be dropped: see

@@ -118,10 +118,19 @@ impl Holding {
     /// covered), logged at WARN and counted.
     pub(crate) async fn finish(self) -> (Option<LockLost>, Result<()>) {
         let state = self.state.clone();
+        let now = state.clock.now();
         let left = self
             .min_until
-            .map(|until| until.saturating_sub(state.clock.now()))
-            .filter(|left| !left.is_zero() && !state.check());
+            .map(|until| until.saturating_sub(now))
+            .filter(|left| !left.is_zero() && !state.check())
+            // Never past `max_hold`: with less than the shortest lease (5 s)
+            // left of the cap, it releases instead (the keep itself asks
+            // for no more than the cap's whole seconds left).
+            .filter(|_| {
+                state
+                    .cap_at()
+                    .is_none_or(|cap| cap.saturating_sub(now) >= validate::MIN_TTL)
+            });
         if let Some(left) = left {
             return match self.keep_for(left).await {
                 (Some(loss), _) => (Some(loss), Ok(())),
@@ -234,28 +243,42 @@ impl Holding {
             // push the expiry past the end.
             let until = state.clock.now().saturating_add(time);
             let left = move |state: &State| {
-                let left = until.saturating_sub(state.clock.now());
-                Duration::from_secs(left.as_secs() + u64::from(left.subsec_nanos() > 0))
-                    .clamp(validate::MIN_TTL, validate::MAX_TTL)
+                let now = state.clock.now();
+                let left = until.saturating_sub(now);
+                let asked =
+                    Duration::from_secs(left.as_secs() + u64::from(left.subsec_nanos() > 0))
+                        .clamp(validate::MIN_TTL, validate::MAX_TTL);
+                // Not past `max_hold`: its whole seconds left, at most.
+                match state.cap_at() {
+                    Some(cap) => asked
+                        .min(Duration::from_secs(cap.saturating_sub(now).as_secs()))
+                        .max(validate::MIN_TTL),
+                    None => asked,
+                }
             };
-            let kept = renew_in_window_for(&state, &self.locks, &left).await;
+            // A renewal answered with little time left (the short ttl
+            // asked, answered late) still set the expiry: kept.
+            let kept = match renew_in_window_for(&state, &self.locks, &left).await {
+                Err(lost) if lost.reason() == LostReason::NoSafeWindow => Ok(()),
+                other => other,
+            };
             // Nothing is released on drop from here on: the service keeps
             // the key until the expiry just set (or the last one, if the
             // renewal could not be made).
             let _renewing = std::mem::replace(&mut self.stage, Stage::Released);
+            // A try of the acquisition may still land and set the expiry
+            // to its own ttl: put it right once none can, whatever the
+            // keeping renewal did.
+            let lease = state.lease();
+            let background = self.locks.client().background();
+            if let Some((land_by, ttl)) = background.take_late_window(lease.key(), lease.token()) {
+                let kept_until =
+                    tokio::time::Instant::now() + until.saturating_sub(state.clock.now());
+                release::kept_sweep(&self.locks, lease, land_by, ttl, kept_until);
+            }
             match &kept {
                 Ok(()) => {
                     state.mark(LockLost::new(state.key.clone(), LostReason::Released));
-                    // A try of the acquisition may still land and set the
-                    // expiry to its own ttl: put it right once none can.
-                    let lease = state.lease();
-                    let background = self.locks.client().background();
-                    if let Some((land_by, ttl)) =
-                        background.take_late_window(lease.key(), lease.token())
-                    {
-                        let kept_until = tokio::time::Instant::now() + time;
-                        release::kept_sweep(&self.locks, lease, land_by, ttl, kept_until);
-                    }
                     tracing::debug!(
                         key = %state.key,
                         kept_for_ms = time.as_millis() as u64,

@@ -182,7 +182,10 @@ impl Report {
 impl Drop for Report {
     fn drop(&mut self) {
         self.term.ended();
-        if matches!(*self.status.borrow(), LeaderStatus::Leading { .. }) {
+        if matches!(
+            *self.status.borrow(),
+            LeaderStatus::Leading { .. } | LeaderStatus::SteppingDown { .. }
+        ) {
             crate::telemetry::leader_ended(self.key.as_deref(), "dropped");
         }
         self.set(LeaderStatus::Stopped);
@@ -328,7 +331,9 @@ where
             TermEnd::Lost => guard
                 .failure()
                 .map_or("lost", |lost| crate::telemetry::reason(lost.reason())),
-            TermEnd::LostDraining => "lost",
+            TermEnd::LostDraining => guard
+                .failure()
+                .map_or("lost", |lost| crate::telemetry::reason(lost.reason())),
             TermEnd::Resigned | TermEnd::Drained(_) => "resigned",
             TermEnd::Returned(_) => "returned",
         });
@@ -350,9 +355,23 @@ where
                     return released.map_err(E::from);
                 }
             }
-            TermEnd::Resigned | TermEnd::LostDraining => {
+            TermEnd::Resigned => {
                 tracing::info!(key = %key, fencing_token, "resigned leadership");
                 return released.map_err(E::from);
+            }
+            // Cut short mid-drain: the work in hand may not have finished.
+            TermEnd::LostDraining => {
+                let lost = guard.failure();
+                tracing::warn!(
+                    key = %key,
+                    fencing_token,
+                    reason = lost.as_ref().map(|l| l.to_string()),
+                    "leadership lost while the term drained; stepped down"
+                );
+                return match lost {
+                    Some(lost) => Err(E::from(Error::LockLost(lost))),
+                    None => released.map_err(E::from),
+                };
             }
             TermEnd::Drained(result) => {
                 tracing::info!(key = %key, fencing_token, "resigned leadership once the term returned");

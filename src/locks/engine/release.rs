@@ -319,28 +319,45 @@ pub(crate) fn kept_sweep(
                     _ = stopped.wait_for(|s| *s) => return Settled::MayBeHeld,
                     () = tokio::time::sleep_until(land_by) => {}
                 }
-                let left = kept_until.saturating_duration_since(Instant::now());
-                if left.is_zero() {
-                    let last = Persistence::background(&task_locks, ttl);
-                    let ended = confirmed(&task_locks, &lease, last, Some(superseded)).await;
-                    return settled(ended, &lease, why);
-                }
-                let back = Duration::from_secs(left.as_secs() + u64::from(left.subsec_nanos() > 0))
-                    .max(crate::validate::MIN_TTL);
-                match super::requests::renew(&task_locks, &lease, back, &Default::default()).await {
-                    // Kept until the minimum's end, as before; or another's
-                    // by now: nothing of ours left.
-                    Ok(_) | Err(Error::Conflict(_)) => Settled::Freed,
-                    Err(err) => {
-                        tracing::warn!(
-                            key = lease.key(),
-                            why,
-                            error = %crate::error::chain(&err),
-                            "the kept minimum may last a late try's ttl"
-                        );
-                        Settled::MayBeHeld
+                // A few renewals back to the minimum's end; if none is
+                // answered, a release (the minimum ends early rather than
+                // last a late try's ttl under a token nobody can name).
+                for pause in [
+                    Duration::from_secs(1),
+                    Duration::from_secs(2),
+                    Duration::ZERO,
+                ] {
+                    let left = kept_until.saturating_duration_since(Instant::now());
+                    if left.is_zero() {
+                        break;
+                    }
+                    let back =
+                        Duration::from_secs(left.as_secs() + u64::from(left.subsec_nanos() > 0))
+                            .max(crate::validate::MIN_TTL);
+                    let renewed =
+                        super::requests::renew(&task_locks, &lease, back, &Default::default())
+                            .await;
+                    match renewed {
+                        // Kept until the minimum's end, as before; or
+                        // another's by now: nothing of ours left.
+                        Ok(_) | Err(Error::Conflict(_)) => return Settled::Freed,
+                        Err(err) if crate::retry::worth_another_attempt(&err) => {
+                            tokio::time::sleep(pause).await;
+                        }
+                        Err(err) => {
+                            tracing::warn!(
+                                key = lease.key(),
+                                why,
+                                error = %crate::error::chain(&err),
+                                "the kept minimum may last a late try's ttl"
+                            );
+                            return Settled::MayBeHeld;
+                        }
                     }
                 }
+                let last = Persistence::background(&task_locks, ttl);
+                let ended = confirmed(&task_locks, &lease, last, Some(superseded)).await;
+                settled(ended, &lease, why)
             })
         },
     );

@@ -244,6 +244,11 @@ impl State {
             .map_or(deadline, |cap| cap.at.min(deadline))
     }
 
+    /// The lease-clock reading of its `max_hold` cap, if it has one.
+    pub(crate) fn cap_at(&self) -> Option<Duration> {
+        self.max_hold.as_ref().map(|cap| cap.at)
+    }
+
     /// Records that a renewal is being sent.
     pub(crate) fn renewal_sent(&self) {
         self.current().renewal_tried = true;

@@ -1,0 +1,223 @@
+//! Counting semaphores over locks: permit `i` of `name` is the lock
+//! `name:i`, `i` in `0..permits`, each with its own lease and fencing
+//! token, so the service never lets more than `permits` of them be held.
+//!
+//! A try takes a permit with one acquire when one is free in the common
+//! case: it starts from a spread of its own (its client's, so that clients
+//! start on different permits) and never sweeps all of them: the first
+//! round tries at most two permits, each later round one, the one this
+//! client saw held longest ago (never seen held first), so that a wait
+//! rotates through the permits at the pace of one waiter on one key. Each
+//! permit's acquire is a whole hold ([`hold::hold`]): an uncertain acquire
+//! is undone like any other, and a future dropped anywhere releases what
+//! it took.
+//!
+//! Waiting follows the one policy: rounds on the ramp (30 % of the time
+//! waited, 0.3 s at least, the poll interval at most), the pause a 429 to
+//! any of the client's requests names (its shared quota clock), and turns:
+//! waiters of one client on one semaphore are served in the order they
+//! began, and only the first in line sends; one behind it tries a round of
+//! its own just before its deadline. It does not look at holders'
+//! expiries: a look per permit per lease would cost a request each; the
+//! rotation finds a permit freed by a release or an expiry within as many
+//! rounds as there are permits.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::{hold, requests, Spec};
+use crate::error::{Error, Result};
+use crate::locks::{AcquireOptions, HeldLock, Locks, RequestOptions};
+use crate::retry::wait::{DEFAULT_POLL, LAST_TRY_LEAD, RAMP_FLOOR, RAMP_RATIO};
+use crate::validate;
+
+/// The most permits a semaphore may have. What limits it: `locks status
+/// NAME --permits N` reads every permit (100 requests are a sixth of the
+/// project's minute), and a permit's key (`name:99`) must stay a valid
+/// key; a try's cost does not grow with it.
+pub const MAX_PERMITS: u32 = 100;
+
+/// Permits the first round tries at most; later rounds try one.
+const FIRST_ROUND: usize = 2;
+
+/// What a client remembers of one semaphore, and the line its waiters
+/// take turns in (the lock on it: `tokio`'s mutex serves in order).
+#[derive(Debug)]
+pub(crate) struct Memory {
+    /// When this client last saw each permit held (a 409, or its own
+    /// acquire); `None`: never.
+    seen_held: Vec<Option<Instant>>,
+}
+
+/// The semaphores of one client: name and count → what it remembers.
+#[derive(Default)]
+pub(crate) struct Semaphores {
+    by_name: Mutex<HashMap<(String, u32), Arc<tokio::sync::Mutex<Memory>>>>,
+}
+
+impl Semaphores {
+    fn memory(&self, name: &str, permits: u32) -> Arc<tokio::sync::Mutex<Memory>> {
+        let mut by_name = crate::lock_unpoisoned(&self.by_name);
+        by_name
+            .entry((name.to_owned(), permits))
+            .or_insert_with(|| {
+                Arc::new(tokio::sync::Mutex::new(Memory {
+                    seen_held: vec![None; permits as usize],
+                }))
+            })
+            .clone()
+    }
+}
+
+/// One acquisition of a permit.
+pub(crate) struct PermitSpec {
+    pub(crate) locks: Locks,
+    pub(crate) name: String,
+    pub(crate) permits: u32,
+    pub(crate) ttl: Duration,
+    pub(crate) options: AcquireOptions,
+    pub(crate) min_hold: Option<Duration>,
+}
+
+/// The key of permit `i` of `name`.
+pub(crate) fn permit_key(name: &str, i: u32) -> String {
+    format!("{name}:{i}")
+}
+
+/// A semaphore's name and count that fit: `name:i` a valid key for every
+/// permit, and 1 to [`MAX_PERMITS`] permits.
+pub(crate) fn check(name: &str, permits: u32) -> Result<()> {
+    if permits == 0 || permits > MAX_PERMITS {
+        return Err(Error::invalid(format!(
+            "a semaphore has 1 to {MAX_PERMITS} permits (got {permits})"
+        )));
+    }
+    validate::key(&permit_key(name, permits - 1)).map_err(|_| {
+        Error::invalid(format!(
+            "semaphore name {name:?}: its permits' keys ({name}:0 to {name}:{}) must be valid \
+             keys: letters, digits, '.', '_', ':' and '-', starting with a letter or digit, at \
+             most 128 characters in all",
+            permits - 1
+        ))
+    })
+}
+
+/// Takes a permit: a renewing [`HeldLock`] on its key.
+pub(crate) async fn acquire(spec: PermitSpec) -> Result<HeldLock> {
+    check(&spec.name, spec.permits)?;
+    validate::ttl(spec.ttl)?;
+    if spec.options.token.is_some() || spec.options.request_id.is_some() {
+        return Err(Error::invalid(
+            "a permit's token and request id are the SDK's: each permit try is an acquisition \
+             of its own",
+        ));
+    }
+    let poll = spec.options.poll_interval.unwrap_or(DEFAULT_POLL);
+    crate::retry::wait::check_poll_interval(poll)?;
+    let client = spec.locks.client();
+    let memory = client.semaphores().memory(&spec.name, spec.permits);
+    let start = client.spread() % u64::from(spec.permits);
+    let began = Instant::now();
+    let deadline = spec
+        .options
+        .wait
+        .map(|wait| began.checked_add(wait).unwrap_or(began + Duration::from_secs(86_400 * 365)));
+    // Behind others of this client, until first in line; or, just before
+    // the deadline, a round of its own.
+    let line = async {
+        match deadline {
+            None => Some(memory.lock().await),
+            Some(by) => {
+                let room = by.saturating_duration_since(Instant::now());
+                tokio::time::timeout(room.saturating_sub(LAST_TRY_LEAD), memory.lock())
+                    .await
+                    .ok()
+            }
+        }
+    };
+    let Some(mut remembered) = line.await else {
+        let mut own = Memory {
+            seen_held: vec![None; spec.permits as usize],
+        };
+        return match round(&spec, &mut own, start, FIRST_ROUND).await {
+            Ok(held) => Ok(held),
+            Err((err, _)) => Err(err),
+        };
+    };
+    let mut per_round = FIRST_ROUND;
+    loop {
+        let last = match round(&spec, &mut remembered, start, per_round).await {
+            Ok(held) => return Ok(held),
+            Err((err, false)) => return Err(err),
+            Err((err, true)) => err,
+        };
+        per_round = 1;
+        let Some(by) = deadline else {
+            return Err(last);
+        };
+        let now = Instant::now();
+        if now >= by {
+            return Err(last);
+        }
+        // The ramp; not before a 429's window; never past the deadline.
+        let waited = now.saturating_duration_since(began);
+        let step = waited.mul_f64(RAMP_RATIO).clamp(RAMP_FLOOR, poll.max(RAMP_FLOOR));
+        let mut next = now + step.mul_f64(1.0 - 0.1 * crate::random::unit());
+        if let Some(quiet) = client.quota().quiet_until() {
+            next = next.max(quiet + poll.mul_f64(crate::random::unit()));
+        }
+        tokio::time::sleep_until(next.min(by)).await;
+    }
+}
+
+/// One round: `per_round` permits, those this client saw held longest
+/// ago first (never seen held before any), from its spread on. `Err((err,
+/// true))`: each was held, or the service did not answer (429, 5xx, no
+/// answer): worth waiting through; `Err((err, false))`: not (a refusal, a
+/// bad argument).
+async fn round(
+    spec: &PermitSpec,
+    memory: &mut Memory,
+    start: u64,
+    per_round: usize,
+) -> std::result::Result<HeldLock, (Error, bool)> {
+    let n = u64::from(spec.permits);
+    let mut order: Vec<u32> = (0..n).map(|j| ((start + j) % n) as u32).collect();
+    // Stable: among permits seen held equally long ago, the spread's order.
+    order.sort_by_key(|&i| memory.seen_held[i as usize]);
+    let mut candidates: Vec<u32> = order.into_iter().take(per_round).collect();
+    if sabotaged!(SemaphoreExtraPermit) {
+        // The planted bug: a permit past the count, as if one were free.
+        candidates.insert(0, spec.permits);
+    }
+    let mut last = None;
+    for i in candidates {
+        let mut options = spec.options.clone();
+        options.wait = None;
+        let mut permit = Spec::new(&spec.locks, permit_key(&spec.name, i), spec.ttl, options);
+        permit.min_hold = spec.min_hold;
+        let result = hold::hold(permit, None).await;
+        if let Some(seen) = memory.seen_held.get_mut(i as usize) {
+            // Held: by another, or by this client now (its next waiter
+            // starts elsewhere).
+            if result.is_ok() || result.as_ref().is_err_and(Error::is_lock_held) {
+                *seen = Some(Instant::now());
+            }
+        }
+        match result {
+            Ok(held) => return Ok(held),
+            Err(err) if err.is_lock_held() => last = Some(err),
+            Err(err) => {
+                let again = crate::retry::waits_through(&err);
+                return Err((err, again));
+            }
+        }
+    }
+    Err((
+        last.unwrap_or_else(|| Error::invalid("a semaphore round tried no permit")),
+        true,
+    ))
+}
