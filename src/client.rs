@@ -52,6 +52,12 @@ struct Inner {
     /// Until when the project's quota is spent, for this client's
     /// observers (a 429 one of them got).
     quota: crate::locks::engine::observe::Quota,
+    /// What this client remembers of its semaphores' permits, and their
+    /// waiters' turns.
+    semaphores: crate::locks::engine::semaphore::Semaphores,
+    /// This client's own starting point among a semaphore's permits, so
+    /// that clients start on different ones.
+    spread: u64,
     /// Kept for the other Volcano APIs; lock calls never send it.
     anon_key: Option<String>,
 }
@@ -148,6 +154,8 @@ impl Client {
                 background: Arc::default(),
                 turns: Arc::default(),
                 quota: Default::default(),
+                semaphores: Default::default(),
+                spread: (crate::random::unit() * u32::MAX as f64) as u64,
             }),
         }
     }
@@ -164,6 +172,15 @@ impl Client {
 
     pub(crate) fn quota(&self) -> &crate::locks::engine::observe::Quota {
         &self.inner.quota
+    }
+
+    pub(crate) fn semaphores(&self) -> &crate::locks::engine::semaphore::Semaphores {
+        &self.inner.semaphores
+    }
+
+    /// This client's starting point among a semaphore's permits.
+    pub(crate) fn spread(&self) -> u64 {
+        self.inner.spread
     }
 
     pub(crate) fn transport(&self) -> &Transport {

@@ -105,9 +105,10 @@ pub use error::{
 };
 pub use lease::{LockLease, LockState};
 pub use locks::{
-    Acquire, AcquireOptions, AtRisk, ChangeKind, ForceRelease, Get, HeldLock, HeldLocks, Hold,
-    HoldAll, Leader, LeaderHealth, LeaderStatus, LockChange, LockGuard, LockSet, Locks, Observe,
-    Release, Renew, TryWithLock, WithLock, WithLocks,
+    Acquire, AcquireOptions, AcquirePermit, AtRisk, ChangeKind, ForceRelease, Get, HeldLock,
+    HeldLocks, Hold, HoldAll, Leader, LeaderHealth, LeaderStatus, LockChange, LockGuard, LockSet,
+    Locks, Observe, Release, Renew, Semaphore, TryWithLock, TryWithPermit, WithLock, WithLocks,
+    WithPermit, MAX_PERMITS,
 };
 pub use retry::LATE_TRY_MARGIN;
 pub use validate::{MAX_TTL, MIN_TTL};

@@ -87,6 +87,9 @@ pub enum Sabotage {
     /// instead of by the service: a process that dies during it frees the
     /// key at its ttl, before the minimum's end.
     MinHoldInProcess,
+    /// A semaphore tries one permit past its count, as if it were free:
+    /// more than the count can be held at once.
+    SemaphoreExtraPermit,
     /// A leader's term is dropped as soon as `until` fires, without its
     /// drain: the lock is released while the term may still work.
     NoDrain,

@@ -960,3 +960,71 @@ async fn watch_stops_when_nobody_reads_its_output() {
     tokio::time::sleep(Duration::from_millis(500)).await;
     assert_eq!(server.requests().len(), sent, "no request after it ended");
 }
+
+/// `--permits N`: the command runs under a permit of the semaphore (its
+/// key and fencing token in its environment); with every permit held it
+/// is not started and the exit code is 3; `locks status NAME --permits N`
+/// shows each permit.
+#[tokio::test]
+async fn run_under_a_permit_and_status_of_a_semaphore() {
+    let server = MockServer::start().await;
+    let ran = volcano(
+        &server,
+        &[
+            "--output", "json", "locks", "run", "pool", "--permits", "2", "--", "sh", "-c",
+            "test -n \"$VOLCANO_FENCING_TOKEN\" && case \"$VOLCANO_LOCK_KEY\" in pool:0|pool:1) exit 0;; *) exit 9;; esac",
+        ],
+    )
+    .spawn()
+    .unwrap();
+    let ran = ended(ran).await;
+    assert_eq!(ran.code, Some(0), "{}", ran.stderr);
+    let key = ran.summary()["key"].as_str().unwrap().to_owned();
+    assert!(key == "pool:0" || key == "pool:1", "{key}");
+
+    let client = volcano::Client::for_mock(&server);
+    let semaphore = client.locks().semaphore("pool", 2);
+    let a = semaphore
+        .acquire(std::time::Duration::from_secs(30))
+        .await
+        .unwrap();
+    let b = semaphore
+        .acquire(std::time::Duration::from_secs(30))
+        .await
+        .unwrap();
+    let full = volcano(
+        &server,
+        &["locks", "run", "pool", "--permits", "2", "--", "true"],
+    )
+    .output()
+    .await
+    .unwrap();
+    assert_eq!(full.status.code(), Some(3), "{full:?}");
+
+    let status = volcano(
+        &server,
+        &[
+            "--output",
+            "json",
+            "locks",
+            "status",
+            "pool",
+            "--permits",
+            "2",
+        ],
+    )
+    .output()
+    .await
+    .unwrap();
+    assert_eq!(status.status.code(), Some(0), "{status:?}");
+    let value: Value = serde_json::from_slice(&status.stdout).unwrap();
+    assert_eq!(value["permits_held"], 2, "{value}");
+    assert_eq!(value["permit_states"].as_array().map(Vec::len), Some(2));
+    let refused = volcano(&server, &["locks", "status", "pool", "--permits", "0"])
+        .output()
+        .await
+        .unwrap();
+    assert_eq!(refused.status.code(), Some(2), "{refused:?}");
+    a.release().await.unwrap();
+    b.release().await.unwrap();
+}

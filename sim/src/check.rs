@@ -42,6 +42,7 @@ mod renewal;
 mod risk;
 mod run;
 mod safety;
+mod semaphore;
 mod thrift;
 mod truth;
 mod turns;
@@ -82,6 +83,7 @@ pub(crate) fn all(
     leaks::reported_at_shutdown(&run, out);
     minimum::kept_by_the_service(&run, out);
     leader::drains(&run, out);
+    semaphore::within_count(&run, out);
     recovery::after_crash(&run, out);
     recovery::after_release(&run, out);
     truth::releases(&run, out);

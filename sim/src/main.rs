@@ -73,6 +73,7 @@ fn parse() -> Result<Args, String> {
                     "no-min-hold" => Sabotage::NoMinHold,
                     "min-hold-in-process" => Sabotage::MinHoldInProcess,
                     "no-drain" => Sabotage::NoDrain,
+                    "semaphore-extra-permit" => Sabotage::SemaphoreExtraPermit,
                     "stale-leader-status" => Sabotage::StaleLeaderStatus,
                     "observe-misses-takeover" => Sabotage::ObserveMissesTakeover,
                     "observe-stalls" => Sabotage::ObserveStalls,

@@ -85,6 +85,9 @@ fn operation(method: &reqwest::Method, path: &str) -> Option<(Operation, String)
         Some(key) => (key, true),
         None => (rest, false),
     };
+    // The SDK percent-encodes what a path segment may not carry as is
+    // (`:` in a semaphore's permit keys); the server's journal decodes.
+    let key = &decode(key);
     let op = match (method.as_str(), lease) {
         ("POST", true) => Operation::Acquire,
         ("PATCH", true) => Operation::Renew,
@@ -267,4 +270,28 @@ fn to_hyper(request: &reqwest::Request) -> hyper::Request<Full<bytes::Bytes>> {
     builder
         .body(Full::new(body))
         .expect("a request the SDK built is valid")
+}
+
+/// A path segment, percent-decoded.
+fn decode(segment: &str) -> String {
+    let bytes = segment.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        let hex = bytes
+            .get(i + 1..i + 3)
+            .and_then(|h| std::str::from_utf8(h).ok())
+            .and_then(|h| u8::from_str_radix(h, 16).ok());
+        match (bytes[i], hex) {
+            (b'%', Some(byte)) => {
+                out.push(byte);
+                i += 3;
+            }
+            (byte, _) => {
+                out.push(byte);
+                i += 1;
+            }
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
 }

@@ -104,7 +104,7 @@ impl Program {
             });
             let coin: u64 = rng.random();
             // How long this operation waits for a held key, if it does.
-            if let Some(wait) = op.waits(coin, work) {
+            if let Some(wait) = op.waits(coin, work).filter(|_| !op.takes_a_permit(coin)) {
                 let until = turmoil::sim_elapsed().unwrap_or_default() + wait;
                 self.log.push(Event::Waits {
                     client: self.id,

@@ -214,6 +214,16 @@ fn finds_a_minimum_hold_kept_by_the_process() {
 }
 
 #[test]
+fn finds_a_semaphore_that_takes_a_permit_past_its_count() {
+    let (seed, violation) =
+        first_found(Sabotage::SemaphoreExtraPermit).expect("found within the bound");
+    assert!(
+        violation.contains("past its count"),
+        "seed {seed}: {violation}"
+    );
+}
+
+#[test]
 fn finds_a_term_dropped_before_its_drain() {
     let (seed, violation) = first_found(Sabotage::NoDrain).expect("found within the bound");
     assert!(

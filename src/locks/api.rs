@@ -10,7 +10,7 @@ use crate::error::Error;
 use crate::lease::LockLease;
 use crate::locks::{
     Acquire, AcquireOptions, ForceRelease, Get, Hold, HoldAll, Leader, LeaderStatus, LockGuard,
-    LockSet, Locks, Release, Renew, RequestOptions, TryWithLock, WithLock, WithLocks,
+    LockSet, Locks, Release, Renew, RequestOptions, Semaphore, TryWithLock, WithLock, WithLocks,
 };
 
 impl Locks {
@@ -402,6 +402,28 @@ impl Locks {
             status: tokio::sync::watch::Sender::new(LeaderStatus::Following),
             term: Default::default(),
             key_in_metrics: false,
+        }
+    }
+
+    /// A counting semaphore: at most `permits` holders of `name` at once,
+    /// across every process (see [`Semaphore`]). Permit `i` is the lock
+    /// `"{name}:{i}"`; nothing is sent until a permit is taken, and a name
+    /// or count that does not fit is refused then.
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: volcano::Locks) -> Result<(), volcano::Error> {
+    /// use std::time::Duration;
+    /// let migrations = locks.semaphore("heavy-migrations", 2);
+    /// let permit = migrations.acquire(Duration::from_secs(60)).wait(Duration::from_secs(30)).await?;
+    /// // ... at most two of these run at once ...
+    /// permit.release().await?;
+    /// # Ok(()) }
+    /// ```
+    pub fn semaphore(&self, name: impl Into<String>, permits: u32) -> Semaphore {
+        Semaphore {
+            locks: self.clone(),
+            name: name.into(),
+            permits,
         }
     }
 }

@@ -26,6 +26,7 @@ mod builders {
     pub(crate) mod leader;
     pub(crate) mod requests;
     pub(crate) mod scope;
+    pub(crate) mod semaphore;
 }
 pub(crate) mod engine;
 mod handles {
@@ -39,6 +40,8 @@ pub use builders::hold::{Hold, HoldAll};
 pub use builders::leader::{Leader, LeaderHealth, LeaderStatus};
 pub use builders::requests::{Acquire, ForceRelease, Get, Release, Renew};
 pub use builders::scope::{TryWithLock, WithLock, WithLocks};
+pub use builders::semaphore::{AcquirePermit, Semaphore, TryWithPermit, WithPermit};
+pub use engine::semaphore::MAX_PERMITS;
 pub use handles::guard::{AtRisk, LockGuard};
 pub use handles::held::HeldLock;
 pub use handles::observe::{ChangeKind, LockChange, Observe};

@@ -363,7 +363,10 @@ pub(super) fn acquire_retried(run: &Run<'_>, out: &mut Vec<String>) {
 /// behind another task of its client.
 fn wait_deadline(run: &Run<'_>, a: &Attempt) -> Option<Duration> {
     let mut deadline = None;
-    for e in run.events.iter().take_while(|e| e.at <= a.sent) {
+    // The log is in the order events were pushed, which is not always
+    // the order of their times (a program's note can follow a later one):
+    // every event up to the attempt, not the log up to the first later.
+    for e in run.events.iter().filter(|e| e.at <= a.sent) {
         match &e.event {
             Event::Waits {
                 client,

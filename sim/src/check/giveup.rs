@@ -67,7 +67,9 @@ pub(super) fn gives_up_last(run: &Run<'_>, out: &mut Vec<String>) {
                 b.client, b.key, b.fence, b.to, last.sent
             ));
         }
-        let Some(until) = deadline_known(attempts, b.client, token, grant.sent, b.to) else {
+        let Some(until) =
+            deadline_known(attempts, b.client, token, grant.sent, b.to, run.clock_rate)
+        else {
             continue;
         };
         if run.breaks.any(&b.key, grant.sent, b.to.max(until)) {
@@ -91,13 +93,15 @@ pub(super) fn gives_up_last(run: &Run<'_>, out: &mut Vec<String>) {
 
 /// The deadline a guard knew at `at`: the first attempt's send time of the
 /// latest grant or renewal of `token` it heard succeed by then (since
-/// `since`), plus its ttl.
+/// `since`), plus its ttl as its host's clock (running at `rate`) counts
+/// it: a fast clock reaches it sooner.
 fn deadline_known(
     attempts: &[Attempt],
     client: usize,
     token: &str,
     since: Duration,
     at: Duration,
+    rate: f64,
 ) -> Option<Duration> {
     let heard = attempts.iter().rfind(|a| {
         a.client == client
@@ -115,7 +119,7 @@ fn deadline_known(
         .iter()
         .find(|a| a.request_id == heard.request_id)
         .map_or(heard.sent, |first| first.sent);
-    Some(sent + Duration::from_secs(ttl))
+    Some(sent + Duration::from_secs(ttl).div_f64(rate.max(1.0)))
 }
 
 /// How close to the deadline it knew a guard may renew and still keep its
@@ -146,7 +150,7 @@ pub(super) fn no_safe_window(run: &Run<'_>, out: &mut Vec<String>) {
                     if *client == b.client && *key == b.key && *fence == b.fence
                         && why == "NoSafeWindow")
         });
-        let until = deadline_known(attempts, b.client, token, grant.sent, b.to);
+        let until = deadline_known(attempts, b.client, token, grant.sent, b.to, run.clock_rate);
         if let Some(until) =
             until.filter(|u| said && *u > b.to + SAFE_WINDOW + Duration::from_secs(1) + tick)
         {

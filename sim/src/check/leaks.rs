@@ -193,6 +193,29 @@ pub(super) fn undone(run: &Run<'_>, out: &mut Vec<String>) -> Late {
             }
         }
     }
+    // The tokens of the plain leases programs were handed (an acquire,
+    // not a guard).
+    let plain: BTreeSet<(&str, i64)> = run
+        .events
+        .iter()
+        .filter_map(|e| match &e.event {
+            Event::Leased { key, fence, .. } => Some((key.as_str(), *fence)),
+            _ => None,
+        })
+        .collect();
+    let plain_tokens: BTreeSet<&str> = server
+        .sent
+        .attempts
+        .iter()
+        .filter(|a| a.operation == Operation::Acquire)
+        .filter(|a| {
+            a.answer
+                .as_ref()
+                .and_then(|o| o.fence)
+                .is_some_and(|f| plain.contains(&(a.key.as_str(), f)))
+        })
+        .filter_map(|a| a.token.as_deref())
+        .collect();
     let mut late = Late::default();
     // A try applied while the lease it grants is live re-grants the same
     // fence: one violation per lease.
@@ -248,6 +271,17 @@ pub(super) fn undone(run: &Run<'_>, out: &mut Vec<String>) -> Late {
                 && !matches!(later.fault, Some(FaultKind::Status { .. }))
         });
         if refused_later {
+            continue;
+        }
+        // The token of a plain lease the program was handed: the lease,
+        // and a late grant to the same token, are the program's to
+        // release (it can name the token); one it dropped unreleased
+        // ends at its ttl.
+        if first
+            .token
+            .as_deref()
+            .is_some_and(|t| plain_tokens.contains(t))
+        {
             continue;
         }
         if undoing.is_empty() {

@@ -54,6 +54,21 @@ pub(super) fn windows<'a>(run: &'a Run<'_>) -> Vec<Window<'a>> {
                 Event::StepEnded { client: c } | Event::Crashed { client: c } if c == *client)
         });
         let to = ended.map_or(*until, |later| later.at.min(*until));
+        // A 429 to any of its client's requests holds its observers back
+        // until the window it names (the client's quota clock): judged up
+        // to the first such answer.
+        let to = run
+            .server
+            .sent
+            .attempts
+            .iter()
+            .filter(|a| a.client == *client)
+            .filter_map(|a| a.answer.as_ref())
+            .filter(|o| o.status == 429 && o.at < to)
+            .filter(|o| o.at + o.retry_after.unwrap_or_default().min(MAX_PAUSE) > e.at)
+            .map(|o| o.at.max(e.at))
+            .min()
+            .unwrap_or(to);
         out.push(Window {
             client: *client,
             key,
@@ -335,8 +350,9 @@ pub(super) fn sees_expiry(run: &Run<'_>, out: &mut Vec<String>) {
                         if *client == w.client && key == w.key && *old == fence && *kind != "renewed")
             });
             match reported {
+                // Due by then: a look sent by then, and its quick answer.
                 Some(e)
-                    if e.at <= due
+                    if e.at <= due + QUICK
                         && matches!(&e.event, Event::Observed { kind, .. }
                             if *kind == "expired" || *kind == "taken_over") => {}
                 Some(e) => out.push(format!(

@@ -86,6 +86,12 @@ impl Op {
         Op::ForceRelease
     }
 
+    /// A `with_lock` that takes a permit of a semaphore instead (a quarter
+    /// of them): it waits for a permit, not for its key.
+    pub(super) fn takes_a_permit(self, coin: u64) -> bool {
+        matches!(self, Op::WithLock) && one_in(coin >> 37, 4)
+    }
+
     /// How long the operation waits for a held key, if it does: the coin
     /// picks the wait of an acquire, a leader campaigns for a while, and
     /// a try or a force-release does not wait.

@@ -57,6 +57,10 @@ impl Ctx {
 
     /// Works inside a `with_lock` scope.
     async fn with_lock(&self, key: &str, ttl: Duration, wait: Duration, work: Duration, coin: u64) {
+        // A quarter of them take a permit of a semaphore of two instead.
+        if Op::WithLock.takes_a_permit(coin) {
+            return self.with_permit(key, ttl, wait, work, coin).await;
+        }
         let scope = self.locks.with_lock(key, ttl, |guard| async move {
             let ended = self.believe(&guard);
             self.work(&[&guard], work).await;
@@ -72,6 +76,29 @@ impl Ctx {
             tokio::join!(first, self.behind(key, ttl, wait + work, coin));
         } else {
             first.await;
+        }
+    }
+
+    /// Works under a permit of the semaphore `{key}-sem` of two permits
+    /// (the locks `{key}-sem:0` and `{key}-sem:1`), waiting for one.
+    async fn with_permit(
+        &self,
+        key: &str,
+        ttl: Duration,
+        wait: Duration,
+        work: Duration,
+        coin: u64,
+    ) {
+        let name = format!("{key}-sem");
+        let semaphore = self.locks.semaphore(name.as_str(), 2);
+        let scope = semaphore.with_permit(ttl, |guard| async move {
+            let ended = self.believe(&guard);
+            self.work(&[&guard], work).await;
+            Ok::<_, volcano::Error>(ended)
+        });
+        match scope.wait(wait).poll_interval(poll_for(coin)).await {
+            Ok(ended) => ended.await,
+            Err(err) => self.failed(&format!("with_permit {name}"), &err),
         }
     }
 

@@ -17,6 +17,14 @@ use crate::run::lease_of;
 pub(crate) async fn execute(locks: &Locks, command: LockCommand) -> Result<Value, Failure> {
     match command {
         LockCommand::Get { key, ids } => get(locks, &key, ids.request_id).await,
+        LockCommand::Status {
+            name,
+            permits: None,
+        } => get(locks, &name, None).await,
+        LockCommand::Status {
+            name,
+            permits: Some(permits),
+        } => status(locks, &name, permits).await,
         LockCommand::Acquire {
             key,
             ttl,
@@ -54,6 +62,34 @@ pub(crate) async fn execute(locks: &Locks, command: LockCommand) -> Result<Value
 async fn get(locks: &Locks, key: &str, request_id: Option<String>) -> Result<Value, Failure> {
     let state = locks.get(key).set_request_id(request_id).await?;
     Ok(state_json(key, &state))
+}
+
+/// Each permit of the semaphore `name` of `permits`, one `get` each.
+async fn status(locks: &Locks, name: &str, permits: u32) -> Result<Value, Failure> {
+    if permits == 0 || permits > volcano::MAX_PERMITS {
+        return Err(crate::exit::fail(
+            crate::exit::INVALID,
+            format!(
+                "--permits must be 1 to {} (got {permits})",
+                volcano::MAX_PERMITS
+            ),
+        ));
+    }
+    let semaphore = locks.semaphore(name, permits);
+    let mut states = Vec::new();
+    let mut held = 0;
+    for i in 0..permits {
+        let key = semaphore.permit_key(i);
+        let state = locks.get(&key).await?;
+        held += u32::from(state.held());
+        states.push(state_json(&key, &state));
+    }
+    Ok(serde_json::json!({
+        "semaphore": name,
+        "permits": permits,
+        "permits_held": held,
+        "permit_states": states,
+    }))
 }
 
 async fn acquire(

@@ -126,8 +126,15 @@ pub(crate) enum LockCommand {
     ///   */5 * * * * volcano locks run nightly-report --ttl 60 --held-exit-code 0 --quiet -- /opt/report.sh
     Run {
         /// The lock key: 1 to 128 letters, digits, '.', '_', ':' or '-',
-        /// starting with a letter or digit.
+        /// starting with a letter or digit. With --permits, the
+        /// semaphore's name.
         key: String,
+        /// Run under one permit of the semaphore KEY of N permits (1 to
+        /// 100: the locks KEY:0 to KEY:N-1) instead of the lock KEY: at
+        /// most N such commands run at once. Exit codes as for a lock (3:
+        /// every permit held).
+        #[arg(long, value_name = "N")]
+        permits: Option<u32>,
         /// Exit with this code instead of 3 when the lock is held elsewhere
         /// (0 makes a skip a success: cron mails nothing), printing one line
         /// at most. Codes 1 to 10 are also the CLI's own; 0 or one above
@@ -210,6 +217,18 @@ pub(crate) enum LockCommand {
         /// Time between two requests (at least 100ms).
         #[arg(long, value_parser = parse_duration, default_value = "2s")]
         interval: Duration,
+    },
+    /// Show a semaphore's permits: with --permits N, each of NAME:0 to
+    /// NAME:N-1 (held, until when, fencing token) and how many are held;
+    /// without, KEY as `get` shows it.
+    Status {
+        /// The lock key, or the semaphore's name with --permits.
+        #[arg(value_name = "NAME")]
+        name: String,
+        /// NAME is a semaphore of this many permits (1 to 100): one request
+        /// per permit.
+        #[arg(long, value_name = "N")]
+        permits: Option<u32>,
     },
     /// Drop whatever lease holds KEY (recovery after a holder died).
     ///

@@ -89,6 +89,7 @@ async fn execute(cli: Cli) -> Result<Done, Failure> {
     match command {
         LockCommand::Run {
             key,
+            permits,
             held_exit_code,
             quiet,
             ttl,
@@ -109,6 +110,7 @@ async fn execute(cli: Cli) -> Result<Done, Failure> {
                 .set_max_hold(max_hold);
             let args = RunArgs {
                 key,
+                permits,
                 ttl,
                 options,
                 held: run::WhenHeld {

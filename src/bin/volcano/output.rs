@@ -101,6 +101,18 @@ pub(crate) fn print(output: Output, value: &Value) -> bool {
     if output == Output::Json {
         return line(value);
     }
+    if let Some(states) = value["permit_states"].as_array() {
+        let mut written = line(format_args!(
+            "{}: {} of {} permits held",
+            value["semaphore"].as_str().unwrap_or_default(),
+            value["permits_held"],
+            value["permits"]
+        ));
+        for state in states {
+            written &= print(output, state);
+        }
+        return written;
+    }
     let key = value["key"].as_str().unwrap_or_default();
     if value["released"] == false {
         line(format_args!(

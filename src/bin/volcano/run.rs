@@ -33,6 +33,8 @@ pub(crate) struct RunArgs {
     pub(crate) held: WhenHeld,
     /// Keep the lock at least this long after it was acquired.
     pub(crate) min_hold: Option<Duration>,
+    /// Run under a permit of the semaphore `key` of this many permits.
+    pub(crate) permits: Option<u32>,
     pub(crate) kill_after: Duration,
     pub(crate) command: Vec<String>,
 }
@@ -111,9 +113,11 @@ pub(crate) async fn run(locks: &Locks, args: RunArgs) -> Result<Ran, Failure> {
     let held = acquire(locks, &args, &mut signals).await?;
     let started = Instant::now();
     let fence = held.lease().fencing_token();
+    // The lock's key: a semaphore's permit's, with --permits.
+    let key = held.lease().key().to_owned();
     let holding = Holding {
         held,
-        key: &args.key,
+        key: &key,
         fence,
         started,
     };
@@ -147,14 +151,34 @@ async fn acquire(
     let token = args.options.get_token();
     // `--min-hold` is checked by the SDK, as for `min_hold`, before
     // anything is sent; the release then keeps it.
-    let mut hold = locks
-        .hold(&args.key, args.ttl)
-        .options(args.options.clone());
-    if let Some(min) = args.min_hold {
-        hold = hold.min_hold(min);
-    }
     let waiting = args.options.get_wait().is_some();
-    let hold = crate::status::while_waiting(locks, &args.key, waiting, hold.send());
+    let hold: std::pin::Pin<Box<dyn std::future::Future<Output = Result<HeldLock, Error>> + '_>> =
+        match args.permits {
+            Some(permits) => {
+                let mut permit = locks
+                    .semaphore(&args.key, permits)
+                    .acquire(args.ttl)
+                    .options(args.options.clone());
+                if let Some(min) = args.min_hold {
+                    permit = permit.min_hold(min);
+                }
+                Box::pin(permit.send())
+            }
+            None => {
+                let mut hold = locks
+                    .hold(&args.key, args.ttl)
+                    .options(args.options.clone());
+                if let Some(min) = args.min_hold {
+                    hold = hold.min_hold(min);
+                }
+                Box::pin(crate::status::while_waiting(
+                    locks,
+                    &args.key,
+                    waiting,
+                    hold.send(),
+                ))
+            }
+        };
     tokio::select! {
         held = hold => match held {
             Ok(held) => Ok(held),

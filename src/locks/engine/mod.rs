@@ -37,6 +37,7 @@ pub(crate) mod renewal;
 pub(crate) mod requests;
 pub(crate) mod risk;
 pub(crate) mod scope;
+pub(crate) mod semaphore;
 pub(crate) mod set;
 pub(crate) mod state;
 pub(crate) mod turns;

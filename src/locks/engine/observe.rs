@@ -230,6 +230,8 @@ pub(crate) struct Observer {
     /// so that a holder with a TTL shorter than the poll interval costs at
     /// most one look more per interval.
     special_spent: bool,
+    /// When the last answer came.
+    last_received: Option<Instant>,
 }
 
 impl Observer {
@@ -247,6 +249,7 @@ impl Observer {
             special_next: false,
             special_resent: false,
             special_spent: false,
+            last_received: None,
         }
     }
 
@@ -292,8 +295,15 @@ impl Observer {
             // Read, not taken: a `next()` dropped during the look leaves
             // the next look what this one was (cancel safety: state
             // changes only after the await that justifies it).
-            let special = self.special_next;
-            if special && !self.special_resent {
+            // A look at a lease's last moments that goes when a regular one
+            // would (0.9 of the poll interval or more after the last
+            // answer) costs nothing extra: it counts as regular, and does
+            // not spend the next such look.
+            let on_cadence = self
+                .last_received
+                .is_some_and(|at| sent >= at + self.poll().mul_f64(0.9));
+            let special = self.special_next && !on_cadence;
+            if self.special_next && !self.special_resent {
                 // A look at a lease's last moments: dropped before its
                 // answer, the next call sends it again at once (once), so
                 // that it still sees those moments.
@@ -309,6 +319,7 @@ impl Observer {
             self.special_next = false;
             self.special_resent = false;
             let received = Instant::now();
+            self.last_received = Some(received);
             match answer {
                 Ok((state, date)) => {
                     if let Some(change) = self.saw(state, date, sent, received, special) {

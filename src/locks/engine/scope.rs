@@ -95,12 +95,37 @@ where
         key = %spec.key,
         fencing_token = tracing::field::Empty
     );
-    scoped(spec, span.clone(), how, f, into_err, ends).instrument(span)
+    let undone = !matches!(spec.owner, super::Owner::Caller(_));
+    let mut spec = spec;
+    spec.min_hold = how.min_hold;
+    let acquire: crate::BoxFuture<crate::error::Result<crate::locks::HeldLock>> =
+        Box::pin(super::hold::hold(spec, Some(span.clone())));
+    scoped(acquire, undone, how, f, into_err, ends).instrument(span)
+}
+
+/// A closure's scope over a lock `acquire` takes (a semaphore's permit),
+/// as [`with_lock`] runs it, in `span`. Its token is the SDK's.
+pub(crate) fn with_held<'f, F, Fut, T, U, E>(
+    acquire: crate::BoxFuture<crate::error::Result<crate::locks::HeldLock>>,
+    span: tracing::Span,
+    how: How,
+    f: F,
+    into_err: fn(Error) -> E,
+    ends: Ends<T, U>,
+) -> tracing::instrument::Instrumented<impl Future<Output = Result<U, E>> + Send + 'f>
+where
+    F: FnOnce(LockGuard) -> Fut + Send + 'f,
+    Fut: Future<Output = Result<T, E>> + Send + 'f,
+    T: Send + 'f,
+    U: Send + 'f,
+    E: Send + 'f,
+{
+    scoped(acquire, true, how, f, into_err, ends).instrument(span)
 }
 
 async fn scoped<F, Fut, T, U, E>(
-    spec: Spec,
-    span: tracing::Span,
+    acquire: crate::BoxFuture<crate::error::Result<crate::locks::HeldLock>>,
+    undone: bool,
     how: How,
     f: F,
     into_err: fn(Error) -> E,
@@ -110,14 +135,9 @@ where
     F: FnOnce(LockGuard) -> Fut,
     Fut: Future<Output = Result<T, E>>,
 {
-    let undone = !matches!(spec.owner, super::Owner::Caller(_));
-    let mut spec = spec;
-    spec.min_hold = how.min_hold;
     // Dropping this future from here on drops `held`, which stops the
     // renewal and hands the release to the client.
-    // Boxed, as is `finish` below: a future's size is that of its
-    // largest state, and the closure's state is the one that lasts.
-    let held = match Box::pin(super::hold::hold(spec, Some(span))).await {
+    let held = match acquire.await {
         Ok(held) => held,
         Err(err) => return (ends.not_acquired)(err, undone).map_err(into_err),
     };

@@ -28,9 +28,9 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{hold, requests, Spec};
+use super::{hold, Spec};
 use crate::error::{Error, Result};
-use crate::locks::{AcquireOptions, HeldLock, Locks, RequestOptions};
+use crate::locks::{AcquireOptions, HeldLock, Locks};
 use crate::retry::wait::{DEFAULT_POLL, LAST_TRY_LEAD, RAMP_FLOOR, RAMP_RATIO};
 use crate::validate;
 
@@ -52,14 +52,17 @@ pub(crate) struct Memory {
     seen_held: Vec<Option<Instant>>,
 }
 
+/// What a client remembers of one semaphore, behind its waiters' line.
+type Line = Arc<tokio::sync::Mutex<Memory>>;
+
 /// The semaphores of one client: name and count → what it remembers.
 #[derive(Default)]
 pub(crate) struct Semaphores {
-    by_name: Mutex<HashMap<(String, u32), Arc<tokio::sync::Mutex<Memory>>>>,
+    by_name: Mutex<HashMap<(String, u32), Line>>,
 }
 
 impl Semaphores {
-    fn memory(&self, name: &str, permits: u32) -> Arc<tokio::sync::Mutex<Memory>> {
+    fn memory(&self, name: &str, permits: u32) -> Line {
         let mut by_name = crate::lock_unpoisoned(&self.by_name);
         by_name
             .entry((name.to_owned(), permits))
@@ -116,15 +119,16 @@ pub(crate) async fn acquire(spec: PermitSpec) -> Result<HeldLock> {
         ));
     }
     let poll = spec.options.poll_interval.unwrap_or(DEFAULT_POLL);
-    crate::retry::wait::check_poll_interval(poll)?;
+    super::wait::check_poll_interval(poll)?;
     let client = spec.locks.client();
     let memory = client.semaphores().memory(&spec.name, spec.permits);
     let start = client.spread() % u64::from(spec.permits);
     let began = Instant::now();
-    let deadline = spec
-        .options
-        .wait
-        .map(|wait| began.checked_add(wait).unwrap_or(began + Duration::from_secs(86_400 * 365)));
+    let deadline = spec.options.wait.map(|wait| {
+        began
+            .checked_add(wait)
+            .unwrap_or(began + Duration::from_secs(86_400 * 365))
+    });
     // Behind others of this client, until first in line; or, just before
     // the deadline, a round of its own.
     let line = async {
@@ -164,7 +168,9 @@ pub(crate) async fn acquire(spec: PermitSpec) -> Result<HeldLock> {
         }
         // The ramp; not before a 429's window; never past the deadline.
         let waited = now.saturating_duration_since(began);
-        let step = waited.mul_f64(RAMP_RATIO).clamp(RAMP_FLOOR, poll.max(RAMP_FLOOR));
+        let step = waited
+            .mul_f64(RAMP_RATIO)
+            .clamp(RAMP_FLOOR, poll.max(RAMP_FLOOR));
         let mut next = now + step.mul_f64(1.0 - 0.1 * crate::random::unit());
         if let Some(quiet) = client.quota().quiet_until() {
             next = next.max(quiet + poll.mul_f64(crate::random::unit()));
