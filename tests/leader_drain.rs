@@ -261,6 +261,14 @@ async fn handoff_with_and_without_a_drain() {
                     })
             };
             let first = tokio::spawn(first);
+            // The second candidate begins once the first leads.
+            let mut at = std::collections::BTreeMap::new();
+            while let Some((what, when)) = events.recv().await {
+                at.entry(what).or_insert(when);
+                if what == "a leads" {
+                    break;
+                }
+            }
             let (started_tx, started) = oneshot::channel::<()>();
             let mut started_tx = Some(started_tx);
             let second = {
@@ -283,7 +291,6 @@ async fn handoff_with_and_without_a_drain() {
                 )
             };
             // 0.5 s into a job (after a first one).
-            let mut at = std::collections::BTreeMap::new();
             while let Some((what, when)) = events.recv().await {
                 at.entry(what).or_insert(when);
                 if what == "a's job done" {
