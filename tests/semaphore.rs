@@ -372,3 +372,67 @@ async fn semaphore_figures() {
         waiter.abort();
     }
 }
+
+/// A try that does not wait never queues behind a waiter of its own
+/// client: with every permit held and a waiter in line, it answers at
+/// once (`None`), and a holder trying again inside its own permit's scope
+/// cannot deadlock with that waiter.
+#[tokio::test]
+async fn a_try_does_not_queue_behind_a_waiter_of_its_client() {
+    let server = MockServer::start().await;
+    let client = mock_client(&server);
+    let semaphore = client.locks().semaphore("pool", 1);
+    let held = semaphore.acquire(TTL).await.unwrap();
+    let waiter = tokio::spawn({
+        let semaphore = semaphore.clone();
+        async move { semaphore.acquire(TTL).wait(Duration::from_secs(30)).await }
+    });
+    // The waiter is in line once its first try was refused.
+    assert!(
+        common::eventually(Duration::from_secs(5), || {
+            server
+                .requests()
+                .iter()
+                .filter(|r| r.status == Some(409))
+                .count()
+                >= 1
+        })
+        .await
+    );
+    let tried = tokio::time::timeout(
+        Duration::from_secs(3),
+        semaphore
+            .try_with_permit(TTL, |_permit| async { Ok::<_, Error>(()) })
+            .send(),
+    )
+    .await
+    .expect("answers at once, not after the waiter");
+    assert_eq!(tried.unwrap(), None);
+    held.release().await.unwrap();
+    let permit = waiter.await.unwrap().unwrap();
+    permit.release().await.unwrap();
+}
+
+/// A wait ends by its deadline even when the service does not answer: its
+/// tries are timed to answer by then.
+#[tokio::test]
+async fn a_wait_ends_by_its_deadline_when_the_service_does_not_answer() {
+    let server = MockServer::start().await;
+    let client = mock_client(&server);
+    server.inject(Fault::delay(Duration::from_secs(30)).on(Operation::Acquire));
+    let began = std::time::Instant::now();
+    let got = client
+        .locks()
+        .semaphore("pool", 3)
+        .acquire(TTL)
+        .wait(Duration::from_secs(2))
+        .await;
+    assert!(got.is_err(), "{got:?}");
+    assert!(
+        began.elapsed() < Duration::from_secs(4),
+        "returned {:?} after a 2 s deadline",
+        began.elapsed()
+    );
+    server.clear_faults();
+    client.shutdown(Duration::from_secs(40)).await;
+}

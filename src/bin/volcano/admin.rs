@@ -76,6 +76,8 @@ async fn status(locks: &Locks, name: &str, permits: u32) -> Result<Value, Failur
         ));
     }
     let semaphore = locks.semaphore(name, permits);
+    // Every permit's key checked before the first request.
+    semaphore.check()?;
     let mut states = Vec::new();
     let mut held = 0;
     for i in 0..permits {

@@ -23,6 +23,12 @@ use crate::BoxFuture;
 /// clones, and semaphores of the same client with the same name and count,
 /// share what the client remembers of the permits and their waiters' turn.
 ///
+/// The count is part of what every holder must agree on: semaphores of the
+/// same name with different counts share keys (`x` with 4 and with 5
+/// together let five hold). When lowering N in a rolling deploy, holders of
+/// the old count may still hold a permit at or above the new N until they
+/// release it; use a new name for a new count if that matters.
+///
 /// ```no_run
 /// # async fn demo(locks: volcano::Locks) -> Result<(), volcano::Error> {
 /// use std::time::Duration;
@@ -63,6 +69,13 @@ impl Semaphore {
     /// How many permits it has.
     pub fn permits(&self) -> u32 {
         self.permits
+    }
+
+    /// Whether its name and count fit (`Error::InvalidArgument` if not),
+    /// without sending anything: every permit's key `name:i` a valid key,
+    /// and 1 to [`MAX_PERMITS`](crate::MAX_PERMITS) permits.
+    pub fn check(&self) -> Result<()> {
+        engine::check(&self.name, self.permits)
     }
 
     /// The key of permit `i` (for `get`, `force_release` or a fence).

@@ -357,7 +357,7 @@ fn taken_by_another(lost: &LockLost) -> bool {
 
 /// A minimum hold that fits: at most the longest lease and the hold's
 /// `max_hold`.
-fn check_min_hold(min_hold: Option<Duration>, max_hold: Option<Duration>) -> Result<()> {
+pub(crate) fn check_min_hold(min_hold: Option<Duration>, max_hold: Option<Duration>) -> Result<()> {
     match (min_hold, max_hold) {
         (Some(min), _) if min > validate::MAX_TTL => Err(Error::invalid(
             "min_hold must be at most 90 days (the longest a lease lives)",

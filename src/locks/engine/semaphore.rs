@@ -118,6 +118,19 @@ pub(crate) async fn acquire(spec: PermitSpec) -> Result<HeldLock> {
              of its own",
         ));
     }
+    // Every option a permit's hold checks, checked before the line: a
+    // bad one must not wait behind another waiter to be refused.
+    if spec
+        .options
+        .max_hold
+        .is_some_and(|d| d < Duration::from_secs(1))
+    {
+        return Err(Error::invalid("max_hold must be at least 1 s"));
+    }
+    hold::check_min_hold(spec.min_hold, spec.options.max_hold)?;
+    if spec.options.timeout.is_some_and(|t| t.is_zero()) {
+        return Err(Error::invalid("timeout must be greater than zero"));
+    }
     let poll = spec.options.poll_interval.unwrap_or(DEFAULT_POLL);
     super::wait::check_poll_interval(poll)?;
     let client = spec.locks.client();
@@ -129,11 +142,12 @@ pub(crate) async fn acquire(spec: PermitSpec) -> Result<HeldLock> {
             .checked_add(wait)
             .unwrap_or(began + Duration::from_secs(86_400 * 365))
     });
-    // Behind others of this client, until first in line; or, just before
-    // the deadline, a round of its own.
+    // Behind others of this client, until first in line; a try that does
+    // not wait, or a wait just before its deadline, makes a round of its
+    // own instead of queueing.
     let line = async {
         match deadline {
-            None => Some(memory.lock().await),
+            None => memory.try_lock().ok(),
             Some(by) => {
                 let room = by.saturating_duration_since(Instant::now());
                 tokio::time::timeout(room.saturating_sub(LAST_TRY_LEAD), memory.lock())
@@ -146,14 +160,14 @@ pub(crate) async fn acquire(spec: PermitSpec) -> Result<HeldLock> {
         let mut own = Memory {
             seen_held: vec![None; spec.permits as usize],
         };
-        return match round(&spec, &mut own, start, FIRST_ROUND).await {
+        return match round(&spec, &mut own, start, FIRST_ROUND, deadline).await {
             Ok(held) => Ok(held),
             Err((err, _)) => Err(err),
         };
     };
     let mut per_round = FIRST_ROUND;
     loop {
-        let last = match round(&spec, &mut remembered, start, per_round).await {
+        let last = match round(&spec, &mut remembered, start, per_round, deadline).await {
             Ok(held) => return Ok(held),
             Err((err, false)) => return Err(err),
             Err((err, true)) => err,
@@ -163,19 +177,25 @@ pub(crate) async fn acquire(spec: PermitSpec) -> Result<HeldLock> {
             return Err(last);
         };
         let now = Instant::now();
-        if now >= by {
-            return Err(last);
-        }
-        // The ramp; not before a 429's window; never past the deadline.
+        // The ramp; not before a 429's window or a 503's `Retry-After`;
+        // no round starts at or after the deadline.
         let waited = now.saturating_duration_since(began);
         let step = waited
             .mul_f64(RAMP_RATIO)
             .clamp(RAMP_FLOOR, poll.max(RAMP_FLOOR));
         let mut next = now + step.mul_f64(1.0 - 0.1 * crate::random::unit());
+        if let Some(after) = last.retry_after() {
+            next = next.max(now + after.min(crate::retry::wait::MAX_RETRY_AFTER));
+        }
         if let Some(quiet) = client.quota().quiet_until() {
             next = next.max(quiet + poll.mul_f64(crate::random::unit()));
         }
-        tokio::time::sleep_until(next.min(by)).await;
+        // The last round goes with room for a try before the deadline.
+        let last_call = by.checked_sub(LAST_TRY_LEAD / 2).unwrap_or(by);
+        if now >= last_call {
+            return Err(last);
+        }
+        tokio::time::sleep_until(next.min(last_call)).await;
     }
 }
 
@@ -189,6 +209,7 @@ async fn round(
     memory: &mut Memory,
     start: u64,
     per_round: usize,
+    deadline: Option<Instant>,
 ) -> std::result::Result<HeldLock, (Error, bool)> {
     let n = u64::from(spec.permits);
     let mut order: Vec<u32> = (0..n).map(|j| ((start + j) % n) as u32).collect();
@@ -203,6 +224,20 @@ async fn round(
     for i in candidates {
         let mut options = spec.options.clone();
         options.wait = None;
+        if let Some(by) = deadline {
+            // A wait's tries answer by its deadline: a try and its single
+            // retry fit in what is left (no try starts after it).
+            let left = by.saturating_duration_since(Instant::now());
+            if left < crate::retry::MIN_ATTEMPT * 2 && last.is_some() {
+                break;
+            }
+            let timeout = options
+                .timeout
+                .unwrap_or(spec.locks.client().timeout())
+                .min(left / 2)
+                .max(crate::retry::MIN_ATTEMPT);
+            options.timeout = Some(timeout);
+        }
         let mut permit = Spec::new(&spec.locks, permit_key(&spec.name, i), spec.ttl, options);
         permit.min_hold = spec.min_hold;
         let result = hold::hold(permit, None).await;
@@ -222,6 +257,7 @@ async fn round(
             }
         }
     }
+    // A round tries at least one permit (a semaphore has one at least).
     Err((
         last.unwrap_or_else(|| Error::invalid("a semaphore round tried no permit")),
         true,
