@@ -84,6 +84,7 @@ pub(crate) fn all(
     minimum::kept_by_the_service(&run, out);
     leader::drains(&run, out);
     semaphore::within_count(&run, out);
+    semaphore::waits_end_by_their_deadline(&run, out);
     recovery::after_crash(&run, out);
     recovery::after_release(&run, out);
     truth::releases(&run, out);

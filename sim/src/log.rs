@@ -161,6 +161,15 @@ pub(crate) enum Event {
         fence: i64,
         returned: bool,
     },
+    /// A program's wait for a permit of the semaphore `name`, until
+    /// `until` (sim time).
+    PermitWait {
+        client: usize,
+        name: String,
+        until: Duration,
+    },
+    /// That wait ended.
+    PermitWaitEnded { client: usize },
     /// A fault the driver injected.
     Fault { what: String },
     /// The server clock jumped by `by` (excuses beliefs that span it).

@@ -96,7 +96,14 @@ impl Ctx {
             self.work(&[&guard], work).await;
             Ok::<_, volcano::Error>(ended)
         });
-        match scope.wait(wait).poll_interval(poll_for(coin)).await {
+        self.log.push(Event::PermitWait {
+            client: self.id,
+            name: name.clone(),
+            until: turmoil::sim_elapsed().unwrap_or_default() + wait,
+        });
+        let outcome = scope.wait(wait).poll_interval(poll_for(coin)).await;
+        self.log.push(Event::PermitWaitEnded { client: self.id });
+        match outcome {
             Ok(ended) => ended.await,
             Err(err) => self.failed(&format!("with_permit {name}"), &err),
         }
