@@ -62,6 +62,10 @@ pub(crate) struct Verdict {
     pub(crate) takeovers_overlapped: usize,
     /// The first fault found in each window not judged, by kind.
     pub(crate) overlapped_by: BTreeMap<&'static str, usize>,
+    /// Open holds of killed processes not judged for another reason: the
+    /// lease had run out before the kill, its expiry was not in the
+    /// journal, or no later grant of the key came before the run ended.
+    pub(crate) not_a_case: BTreeMap<&'static str, usize>,
     pub(crate) slow_takeovers: usize,
     pub(crate) slowest_takeover_ms: i64,
     pub(crate) violations: Vec<String>,
@@ -301,11 +305,15 @@ fn progress(ev: &Evidence, v: &mut Verdict) {
             .collect();
         for (key, fence) in open {
             let Some(expired) = ev.expiries.get(&(key.to_owned(), fence)).copied() else {
+                *v.not_a_case.entry("expiry not in the journal").or_default() += 1;
                 continue;
             };
             // A lease that had run out before the kill was lost already:
             // no takeover after a kill to judge.
             if ev.killed.get(name).is_some_and(|killed| expired <= *killed) {
+                *v.not_a_case
+                    .entry("lease ran out before the kill")
+                    .or_default() += 1;
                 continue;
             }
             let window = (expired - 1_000, expired + bound);
@@ -319,6 +327,9 @@ fn progress(ev: &Evidence, v: &mut Verdict) {
                 continue;
             }
             let Some(next) = ev.first_grant_above(key, fence) else {
+                *v.not_a_case
+                    .entry("no later grant before the end")
+                    .or_default() += 1;
                 continue;
             };
             v.takeovers_judged += 1;

@@ -315,6 +315,17 @@ fn print(fenced: bool, v: &Verdict, faults: &Faults, processes: usize) {
         if by.is_empty() { "" } else { ": " },
         by.join(", ")
     );
+    if !v.not_a_case.is_empty() {
+        let other: Vec<String> = v
+            .not_a_case
+            .iter()
+            .map(|(k, n)| format!("{k} {n}"))
+            .collect();
+        println!(
+            "  open holds of killed processes not judged: {}",
+            other.join(", ")
+        );
+    }
     for violation in &v.violations {
         println!("  VIOLATION: {violation}");
     }
