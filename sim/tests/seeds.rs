@@ -71,11 +71,16 @@ fn a_seed_replays_byte_for_byte() {
 }
 
 fn first_found(sabotage: Sabotage) -> Option<(u64, String)> {
+    first_found_within(sabotage, FIND_WITHIN)
+}
+
+/// [`first_found`] within `seeds` seeds.
+fn first_found_within(sabotage: Sabotage, seeds: u64) -> Option<(u64, String)> {
     let options = Options {
         sabotage,
         ..Options::default()
     };
-    (0..FIND_WITHIN).find_map(|seed| {
+    (0..seeds).find_map(|seed| {
         let outcome = run(seed, &options);
         outcome.violations.first().map(|v| (seed, v.clone()))
     })
@@ -167,10 +172,14 @@ fn finds_a_waiter_that_tries_after_its_deadline() {
     );
 }
 
+/// Rarer since minimum holds no longer release (half the `try_with_lock`
+/// scopes keep instead) and a quarter of the `with_lock` steps take a
+/// permit: first found at seed 180 from sim/ (was within 100), so within
+/// 300 here.
 #[test]
 fn finds_a_refused_release_that_is_dropped() {
     let (seed, violation) =
-        first_found(Sabotage::DropRefusedRelease).expect("found within the bound");
+        first_found_within(Sabotage::DropRefusedRelease, 300).expect("found within the bound");
     assert!(
         violation.contains("unreported lease") || violation.contains("leaked lease"),
         "seed {seed}: {violation}"
