@@ -47,6 +47,12 @@ pub(crate) fn ttl(ttl: Duration) -> Result<u64> {
     }
 }
 
+/// The ttl that keeps a lease at least `d` from now: whole seconds,
+/// rounded up, within [`MIN_TTL`, `MAX_TTL`] (a kept minimum's renewal).
+pub(crate) fn ttl_covering(d: Duration) -> Duration {
+    Duration::from_secs(d.as_secs() + u64::from(d.subsec_nanos() > 0)).clamp(MIN_TTL, MAX_TTL)
+}
+
 /// A duration as a person writes it: `0 s`, `4 s`, `1.5 s`, `0.25 s`.
 pub(crate) fn seconds(d: Duration) -> String {
     if d.subsec_nanos() == 0 {

@@ -19,16 +19,7 @@ const KEY: &str = "scheduler";
 const TTL: Duration = Duration::from_secs(5);
 
 fn held_on_server(server: &MockServer) -> bool {
-    server.locks().iter().any(|l| l.key == KEY && l.live)
-}
-
-/// Sets a flag when dropped: shows that a term's future was dropped.
-struct DropFlag(Arc<AtomicBool>);
-
-impl Drop for DropFlag {
-    fn drop(&mut self) {
-        self.0.store(true, Ordering::SeqCst);
-    }
+    live_on(server, KEY)
 }
 
 /// `until` fires while the term works: the term sees it, the status says

@@ -8,16 +8,12 @@ mod common;
 
 use std::time::{Duration, Instant};
 
-use common::mock_client;
+use common::{live_on as live, mock_client};
 use volcano::Error;
 use volcano_mock_server::{Fault, MockServer, Operation};
 
 const TTL: Duration = Duration::from_secs(5);
 const MIN: Duration = Duration::from_secs(6);
-
-fn live(server: &MockServer, key: &str) -> bool {
-    server.locks().iter().any(|l| l.key == key && l.live)
-}
 
 fn count(server: &MockServer, operation: Operation) -> usize {
     server

@@ -268,3 +268,18 @@ impl Captured {
     }
 }
 pub(crate) mod gateway;
+
+/// Sets a flag when dropped: shows that a future (a leader's term, say)
+/// was dropped.
+pub(crate) struct DropFlag(pub(crate) Arc<std::sync::atomic::AtomicBool>);
+
+impl Drop for DropFlag {
+    fn drop(&mut self) {
+        self.0.store(true, Ordering::SeqCst);
+    }
+}
+
+/// Whether the mock server holds `key` live.
+pub(crate) fn live_on(server: &volcano_mock_server::MockServer, key: &str) -> bool {
+    server.locks().iter().any(|l| l.key == key && l.live)
+}

@@ -245,9 +245,7 @@ impl Holding {
             let left = move |state: &State| {
                 let now = state.clock.now();
                 let left = until.saturating_sub(now);
-                let asked =
-                    Duration::from_secs(left.as_secs() + u64::from(left.subsec_nanos() > 0))
-                        .clamp(validate::MIN_TTL, validate::MAX_TTL);
+                let asked = validate::ttl_covering(left);
                 // Not past `max_hold`: its whole seconds left, at most.
                 match state.cap_at() {
                     Some(cap) => asked

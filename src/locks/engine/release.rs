@@ -331,9 +331,7 @@ pub(crate) fn kept_sweep(
                     if left.is_zero() {
                         break;
                     }
-                    let back =
-                        Duration::from_secs(left.as_secs() + u64::from(left.subsec_nanos() > 0))
-                            .max(crate::validate::MIN_TTL);
+                    let back = crate::validate::ttl_covering(left);
                     let renewed =
                         super::requests::renew(&task_locks, &lease, back, &Default::default())
                             .await;
