@@ -1,6 +1,7 @@
 //! The lock API, in three layers that depend one way:
 //!
-//! - **the public API**: [`Locks`], with every constructor in `api.rs`, the
+//! - **the public API**: [`Locks`], with every constructor in `api.rs` and
+//!   its two children (`api/held.rs`, `api/shared.rs`), the
 //!   options of a call in one value ([`AcquireOptions`], `options`), and
 //!   the builders (`builders/`), which only collect options and hand them
 //!   to the engine when awaited;

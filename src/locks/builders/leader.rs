@@ -21,7 +21,9 @@ pub struct Leader {
     /// How every campaign acquires and holds the lock (it waits without a
     /// deadline, with a token generated per campaign).
     pub(crate) options: AcquireOptions,
-    pub(crate) until: Option<Signal>,
+    /// Behind a mutex only so that a `Leader` is `Sync` (a boxed future is
+    /// `Send` alone): `status()` and `health()` take `&self`.
+    pub(crate) until: std::sync::Mutex<Option<Signal>>,
     /// How long a term may take to return once `until` fired.
     pub(crate) drain: Duration,
     /// What [`Leader::status`] watches.
@@ -141,7 +143,10 @@ impl std::fmt::Debug for Leader {
             .field("key", &self.key)
             .field("ttl", &self.ttl)
             .field("options", &self.options)
-            .field("until", &self.until.as_ref().map(|_| "..."))
+            .field(
+                "until",
+                &crate::lock_unpoisoned(&self.until).as_ref().map(|_| "..."),
+            )
             .field("status", &*self.status.borrow())
             .finish()
     }
@@ -156,7 +161,7 @@ impl Leader {
     /// Step down (drop the running term, release, return `Ok(())`) once
     /// `signal` completes, for example on SIGTERM.
     pub fn until(mut self, signal: impl Future<Output = ()> + Send + 'static) -> Self {
-        self.until = Some(Box::pin(signal));
+        self.until = std::sync::Mutex::new(Some(Box::pin(signal)));
         self
     }
 
@@ -249,6 +254,9 @@ impl Leader {
             term: slot,
         } = self;
         let report = engine::leader::Report::new(status, key_in_metrics.then(|| key.clone()), slot);
+        let until = until
+            .into_inner()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
         let ending = engine::leader::Ending { until, drain };
         Box::pin(engine::leader::elect(
             locks, key, ttl, options, ending, report, term,

@@ -18,6 +18,13 @@
 //! server's: every answer bounds what the server's clock read when it was
 //! sent and received (`Date` has whole seconds), and the bounds of many
 //! answers are kept intersected.
+//!
+//! Here the observer itself; what an answer says is read in
+//! `observe/answers.rs`, and the client's spent quota kept in
+//! `observe/quota.rs`.
+
+mod answers;
+mod quota;
 
 use std::time::Duration;
 
@@ -31,167 +38,10 @@ use crate::locks::options::RequestOptions;
 use crate::locks::Locks;
 use crate::retry::observe::{AFTER_GRACE, MAX_PAUSE, RETRY_LATE};
 use crate::retry::wait::{LOOK_SPREAD, MAX_POLL, POLL_MIN};
+use answers::{change, Before, Lease, ServerClock};
 
 pub(crate) use crate::retry::observe::DEFAULT_POLL;
-
-/// One second: the resolution of `Date`, the service's grace after an
-/// expiry, and the least time left a renewal needs.
-const SECOND: TimeDelta = TimeDelta::seconds(1);
-
-/// A lease as the observer last saw it.
-#[derive(Debug, Clone, Copy)]
-struct Lease {
-    fence: i64,
-    expires_at: DateTime<Utc>,
-    /// The newest `Date` of an answer that showed this lease (same fence,
-    /// same expiry): the server's clock read at least this then.
-    latest: DateTime<Utc>,
-}
-
-impl Lease {
-    fn of(state: &LockState, date: DateTime<Utc>) -> Option<Lease> {
-        match (state.held(), state.fencing_token(), state.expires_at()) {
-            (true, Some(fence), Some(expires_at)) => Some(Lease {
-                fence,
-                expires_at,
-                latest: date,
-            }),
-            _ => None,
-        }
-    }
-
-    /// Whether it was seen when it could no longer be renewed: with a
-    /// second or less left (the service refuses such a renewal), or in its
-    /// grace. After that, nothing but its end can change it.
-    fn seen_final(&self) -> bool {
-        self.latest + SECOND >= self.expires_at
-    }
-
-    /// The middle of the stretch in which a look shows it final if it was
-    /// not renewed: from the whole second before its expiry (`Date` is
-    /// truncated to whole seconds) until its grace ends.
-    fn final_look(&self) -> DateTime<Utc> {
-        let whole = self.expires_at.timestamp();
-        let ceil = if self.expires_at.timestamp_subsec_nanos() > 0 {
-            whole + 1
-        } else {
-            whole
-        };
-        let from = DateTime::from_timestamp(ceil, 0).unwrap_or(self.expires_at) - SECOND;
-        let to = self.expires_at + SECOND;
-        from + (to - from) / 2
-    }
-}
-
-/// How a lease seen before was freed, judged on the server's clock.
-fn freed(old: &Lease, date: DateTime<Utc>) -> ChangeKind {
-    if date + SECOND <= old.expires_at {
-        // Free while the server's clock read before the expiry.
-        ChangeKind::Released
-    } else if old.seen_final() {
-        // Current when it could no longer be renewed, free now: it ran
-        // out (or was released in its last second; the answers cannot
-        // tell).
-        ChangeKind::Expired
-    } else {
-        ChangeKind::Ended
-    }
-}
-
-/// What the observer knew before an answer.
-#[derive(Debug, Clone, Copy)]
-enum Before<'a> {
-    /// Nothing: this is the first answer.
-    First,
-    Free,
-    Held(&'a Lease),
-}
-
-/// What changed between two answers (`None`: nothing worth a line).
-fn change(before: Before<'_>, now: Option<&Lease>, date: DateTime<Utc>) -> Option<ChangeKind> {
-    match (before, now) {
-        (Before::First, _) => Some(ChangeKind::Initial),
-        (Before::Free, None) => None,
-        (Before::Free, Some(_)) => Some(ChangeKind::Acquired),
-        (Before::Held(old), Some(new))
-            if old.fence != new.fence && !sabotaged!(ObserveMissesTakeover) =>
-        {
-            Some(ChangeKind::TakenOver)
-        }
-        (Before::Held(old), Some(new)) if old.expires_at != new.expires_at => {
-            Some(ChangeKind::Renewed)
-        }
-        (Before::Held(_), Some(_)) => None,
-        (Before::Held(old), None) => Some(freed(old, date)),
-    }
-}
-
-/// The server's clock as seen from here: at the local instant `base` it
-/// read between `lo` and `hi`.
-#[derive(Debug)]
-struct ServerClock {
-    base: Instant,
-    bounds: Option<(DateTime<Utc>, DateTime<Utc>)>,
-}
-
-impl ServerClock {
-    /// An answer sent after `sent` and received at `received`, whose
-    /// `Date` read `date` (so the server's clock read in `[date, date+1s)`
-    /// at some moment between the two).
-    fn sample(&mut self, sent: Instant, received: Instant, date: DateTime<Utc>) {
-        let since = |t: Instant| TimeDelta::from_std(t - self.base).unwrap_or(TimeDelta::MAX);
-        let lo = date - since(received);
-        let hi = date + SECOND - since(sent);
-        self.bounds = match self.bounds {
-            // Bounds that no longer meet: the server's clock moved (a
-            // jump, a drift): start again from this answer.
-            Some((l, h)) if l.max(lo) <= h.min(hi) => Some((l.max(lo), h.min(hi))),
-            _ => Some((lo, hi)),
-        };
-    }
-
-    /// The local instant at which the server's clock reads `at`, by the
-    /// middle of the bounds; `None` before any answer, or too far off.
-    fn local(&self, at: DateTime<Utc>) -> Option<Instant> {
-        let (lo, hi) = self.bounds?;
-        let mid = lo + (hi - lo) / 2;
-        let after = (at - mid).to_std().unwrap_or_default();
-        self.base.checked_add(after)
-    }
-}
-
-/// Until when the project's quota is spent, as a 429 to any of a client's
-/// requests said (a waiter's try or look, an observer's look, a renewal,
-/// a release): its waiters and observers wait for it too, instead of each
-/// spending a request to learn it. Renewals still go: a lost lock costs
-/// more than a try.
-#[derive(Debug, Default)]
-pub(crate) struct Quota(std::sync::Mutex<Option<Instant>>);
-
-impl Quota {
-    /// A 429 came at `received`: the quota is spent until the window it
-    /// names (at most a minute, the longest a window lasts).
-    pub(crate) fn refused(&self, err: &Error, received: Instant) {
-        if let (Error::RateLimited(_), Some(after)) = (err, err.retry_after()) {
-            self.spent_until(received + after.min(MAX_PAUSE));
-        }
-    }
-
-    fn spent_until(&self, until: Instant) {
-        let mut quiet = self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner);
-        *quiet = Some(quiet.map_or(until, |q| q.max(until)));
-    }
-
-    pub(crate) fn quiet_until(&self) -> Option<Instant> {
-        *self
-            .0
-            .lock()
-            .unwrap_or_else(std::sync::PoisonError::into_inner)
-    }
-}
+pub(crate) use quota::Quota;
 
 /// Whether a failed look ends the stream: a bad argument, or an answer
 /// about the request itself (400, 401, 403, 404) that another look would
@@ -458,6 +308,7 @@ impl Observer {
 
 #[cfg(test)]
 mod tests {
+    use super::answers::SECOND;
     use super::*;
 
     const S: fn(u64) -> Duration = Duration::from_secs;
@@ -672,17 +523,5 @@ mod tests {
             observer.poll = S(200_000);
             assert_eq!(observer.poll(), MAX_POLL);
         }
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_clients_quota_is_spent_until_the_latest_window_named() {
-        let quota = Quota::default();
-        assert_eq!(quota.quiet_until(), None);
-        let now = Instant::now();
-        quota.spent_until(now + S(7));
-        quota.spent_until(now + S(3));
-        assert_eq!(quota.quiet_until(), Some(now + S(7)));
-        quota.spent_until(now + S(9));
-        assert_eq!(quota.quiet_until(), Some(now + S(9)));
     }
 }

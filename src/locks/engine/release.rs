@@ -11,6 +11,11 @@
 //! background, registered with the client so that `Client::shutdown` can
 //! wait for them. They keep trying while the lease may still be live, and
 //! stop as soon as an acquire with the same token supersedes them.
+//!
+//! The releases that wait out a late try's window are in
+//! `release/late.rs`.
+
+mod late;
 
 use std::time::Duration;
 
@@ -24,6 +29,8 @@ use crate::lease::LockLease;
 use crate::locks::{Locks, RequestOptions};
 use crate::retry;
 use crate::validate;
+
+pub(crate) use late::{kept_sweep, sweep, undo};
 
 /// How hard one release tries.
 #[derive(Debug, Clone, Copy)]
@@ -253,165 +260,6 @@ where
         .spawn_release(&key, &token, live_for, move |superseded| {
             body(task_locks, lease, superseded)
         });
-}
-
-/// Undoes an acquisition with a token the SDK generated, whose outcome is
-/// unknown: releases at once (a try that already landed frees the key for
-/// the next holder now), then again once no try can land any more
-/// (`land_by`): a try held in the network, or behind a gateway that
-/// answered 503/504 and let it go on, may be applied after the first
-/// release, and would hold the key for `ttl` under a token nobody can
-/// name. The undo stays registered with the client until the second
-/// release is answered, so [`Client::shutdown`](crate::Client::shutdown)
-/// names the key until then.
-pub(crate) fn undo(locks: &Locks, lease: LockLease, land_by: Instant, ttl: Duration) {
-    until_no_try_lands(
-        locks,
-        lease,
-        true,
-        land_by,
-        ttl,
-        "undo an acquire whose outcome is unknown",
-    );
-}
-
-/// A lease of a generated token, released (or found another's) while a
-/// try of the acquisition that granted it may still land: one more
-/// release once none can (`land_by`), so that such a try does not hold the
-/// key for `ttl` after the lease was let go of.
-pub(crate) fn sweep(locks: &Locks, lease: LockLease, land_by: Instant, ttl: Duration) {
-    until_no_try_lands(
-        locks,
-        lease,
-        false,
-        land_by,
-        ttl,
-        "release again once a late try of the acquire can no longer land",
-    );
-}
-
-/// A lease of a generated token handed to the service for a minimum hold
-/// (kept until `kept_until`, not released) while a try of the acquisition
-/// that granted it may still land: such a try, applied with the same
-/// token, would set the expiry to its own ttl from then. Once none can
-/// (`land_by`), one more request puts it right: a renewal back to the
-/// minimum's end if that is still ahead, else a release.
-pub(crate) fn kept_sweep(
-    locks: &Locks,
-    lease: LockLease,
-    land_by: Instant,
-    ttl: Duration,
-    kept_until: Instant,
-) {
-    let live_for = land_by
-        .saturating_duration_since(Instant::now())
-        .saturating_add(ttl);
-    let why = "put a kept minimum right once a late try of the acquire can no longer land";
-    spawn(
-        locks,
-        lease,
-        live_for,
-        move |task_locks, lease, superseded| {
-            Box::pin(async move {
-                let mut stopped = superseded.clone();
-                tokio::select! {
-                    biased;
-                    _ = stopped.wait_for(|s| *s) => return Settled::MayBeHeld,
-                    () = tokio::time::sleep_until(land_by) => {}
-                }
-                // A few renewals back to the minimum's end; if none is
-                // answered, a release (the minimum ends early rather than
-                // last a late try's ttl under a token nobody can name).
-                for pause in [
-                    Duration::from_secs(1),
-                    Duration::from_secs(2),
-                    Duration::ZERO,
-                ] {
-                    let left = kept_until.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        break;
-                    }
-                    let back = crate::validate::ttl_covering(left);
-                    let renewed =
-                        super::requests::renew(&task_locks, &lease, back, &Default::default())
-                            .await;
-                    match renewed {
-                        // Kept until the minimum's end, as before; or
-                        // another's by now: nothing of ours left.
-                        Ok(_) | Err(Error::Conflict(_)) => return Settled::Freed,
-                        Err(err) if crate::retry::worth_another_attempt(&err) => {
-                            tokio::time::sleep(pause).await;
-                        }
-                        Err(err) => {
-                            tracing::warn!(
-                                key = lease.key(),
-                                why,
-                                error = %crate::error::chain(&err),
-                                "the kept minimum may last a late try's ttl"
-                            );
-                            return Settled::MayBeHeld;
-                        }
-                    }
-                }
-                let last = Persistence::background(&task_locks, ttl);
-                let ended = confirmed(&task_locks, &lease, last, Some(superseded)).await;
-                settled(ended, &lease, why)
-            })
-        },
-    );
-}
-
-fn until_no_try_lands(
-    locks: &Locks,
-    lease: LockLease,
-    at_once: bool,
-    land_by: Instant,
-    ttl: Duration,
-    why: &'static str,
-) {
-    let live_for = land_by
-        .saturating_duration_since(Instant::now())
-        .saturating_add(ttl);
-    spawn(
-        locks,
-        lease,
-        live_for,
-        move |task_locks, lease, superseded| {
-            Box::pin(async move {
-                if at_once {
-                    let until_landed = land_by.saturating_duration_since(Instant::now());
-                    let first = Persistence::background(&task_locks, until_landed);
-                    let first =
-                        confirmed(&task_locks, &lease, first, Some(superseded.clone())).await;
-                    if matches!(first, Ok(Ended::Superseded)) {
-                        return settled(first, &lease, why);
-                    }
-                    if sabotaged!(UndoEndsAtFirstRelease) {
-                        return Settled::Freed;
-                    }
-                }
-                tracing::debug!(
-                    key = lease.key(),
-                    why,
-                    wait_ms = land_by
-                        .saturating_duration_since(Instant::now())
-                        .as_millis() as u64,
-                    "waiting until a late try of the acquire can no longer land"
-                );
-                // An acquire with the same token (a caller recovering its
-                // lease) stops the wait: that acquire decides.
-                let mut stopped = superseded.clone();
-                tokio::select! {
-                    biased;
-                    _ = stopped.wait_for(|s| *s) => return Settled::MayBeHeld,
-                    () = tokio::time::sleep_until(land_by) => {}
-                }
-                let last = Persistence::background(&task_locks, ttl);
-                let ended = confirmed(&task_locks, &lease, last, Some(superseded)).await;
-                settled(ended, &lease, why)
-            })
-        },
-    );
 }
 
 /// How a background release's end counts for `Client::shutdown`.
