@@ -21,13 +21,26 @@ const MAX_READ_TIMEOUT: Duration = Duration::from_secs(86_400);
 
 /// Configures a [`MockServer`](crate::MockServer); see
 /// [`MockServer::builder`](crate::MockServer::builder).
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct MockServerBuilder {
     addr: SocketAddr,
     service_key: String,
     anon_key: String,
     rate_limit: Option<u32>,
     header_read_timeout: Duration,
+}
+
+// The keys are a test's, yet printed as the SDK prints a real one: never.
+impl std::fmt::Debug for MockServerBuilder {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("MockServerBuilder")
+            .field("addr", &self.addr)
+            .field("service_key", &"[redacted]")
+            .field("anon_key", &"[redacted]")
+            .field("rate_limit", &self.rate_limit)
+            .field("header_read_timeout", &self.header_read_timeout)
+            .finish()
+    }
 }
 
 impl Default for MockServerBuilder {

@@ -255,6 +255,20 @@ option_setters!(impl[F] WithLocks<'_, F> => [options] {
     max_hold,
 });
 
+impl<'f, F, Fut, T, E> WithLocks<'f, F>
+where
+    F: FnOnce(LockSet) -> Fut + Send + 'f,
+    Fut: Future<Output = Result<T, E>> + Send + 'f,
+    T: Send + 'f,
+    E: From<Error> + Send + 'f,
+{
+    /// Runs it: the future `.await` runs, as a value that can be spawned
+    /// or stored (the builder itself is not a future).
+    pub fn send(self) -> impl Future<Output = Result<T, E>> + Send + 'f {
+        self.into_future()
+    }
+}
+
 impl<'f, F, Fut, T, E> IntoFuture for WithLocks<'f, F>
 where
     F: FnOnce(LockSet) -> Fut + Send + 'f,

@@ -30,6 +30,7 @@ use crate::locks::engine::hold::Holding;
 /// ingest.lock.release().await?;
 /// # Ok(()) }
 /// ```
+#[must_use = "dropping it hands the release to the client at once"]
 pub struct HeldLock {
     guard: LockGuard,
     holding: Holding,

@@ -97,6 +97,7 @@ impl std::fmt::Debug for LockSet {
 /// renewed in the background. Derefs to [`LockSet`]: `is_lost()`,
 /// `lost()`, `fencing_token(key)`. Dropping it hands every release to the
 /// client, as dropping a [`HeldLock`] does.
+#[must_use = "dropping it hands the release to the client at once"]
 pub struct HeldLocks {
     held: Vec<HeldLock>,
     set: LockSet,
