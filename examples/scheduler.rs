@@ -9,7 +9,7 @@
 //!
 //! A lock released as soon as a two-second job ends lets a host whose
 //! timer fires a moment later run the same fire again. The two remedies
-//! (see "Schedulers and cron" in the README):
+//! (see "Schedulers and cron" in docs/guide/jobs.md):
 //!
 //! - `per-fire` (the default): a key per fire time, `report:<fire>`, kept
 //!   by the service for a while after the job (`min_hold`), so a late host

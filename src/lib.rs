@@ -1,18 +1,36 @@
 //! # volcano — Rust SDK for Volcano project locks
 //!
-//! Volcano's lock service hands out **leases**: a key, an ownership token, an
-//! expiry and a **fencing token** that rises every time the lock changes
-//! hands. Use them to make sure one worker at a time runs a job.
+//! Volcano's lock service hands out **leases** so that one worker at a time
+//! runs a job ("nightly report", "schema migration"). A lease is a key, an
+//! ownership token, an expiry and a **fencing token** that rises every time
+//! the lock changes hands. This crate is a wire-compatible client for the
+//! service, modeled on the Volcano Ruby SDK.
 //!
-//! Most programs want [`Locks::try_with_lock`] or [`Locks::with_lock`]:
-//! acquire, run your code while the lease renews in the background, release
-//! on every exit.
+//! ## Which API for which job
+//!
+//! | the job | the API | guide |
+//! |---|---|---|
+//! | a cron or periodic job on several hosts, once per period | [`Locks::try_with_lock`] + `min_hold` (or `volcano locks run --min-hold`) | [jobs](https://github.com/volcano-locks/volcano/blob/main/docs/guide/jobs.md#schedulers-and-cron) |
+//! | run a job under a lock and always release it | [`Locks::with_lock`] | [jobs](https://github.com/volcano-locks/volcano/blob/main/docs/guide/jobs.md#scoped-locks-with_lock) |
+//! | a value or struct that keeps a lock | [`Locks::hold`] ([`HeldLock`]) | [jobs](https://github.com/volcano-locks/volcano/blob/main/docs/guide/jobs.md#holding-a-lock-for-a-long-time-hold) |
+//! | a singleton service: one replica leads | [`Locks::leader`] | [leader](https://github.com/volcano-locks/volcano/blob/main/docs/guide/leader.md) |
+//! | several keys at once | [`Locks::with_locks`], [`Locks::hold_all`] | [jobs](https://github.com/volcano-locks/volcano/blob/main/docs/guide/jobs.md#several-keys-at-once-hold_all-with_locks) |
+//! | at most N at once | [`Locks::semaphore`] | [semaphore](https://github.com/volcano-locks/volcano/blob/main/docs/guide/semaphore.md) |
+//! | watch a key for dashboards and alerts | [`Locks::observe`] | [observe](https://github.com/volcano-locks/volcano/blob/main/docs/guide/observe.md) |
+//! | any command or script, in any language | `volcano locks run` (feature `cli`) | [CLI](https://github.com/volcano-locks/volcano/blob/main/docs/guide/cli.md) |
+//! | tests of your own code | `volcano::mock` (feature `mock`) | the `mock` module's page |
+//! | the store side of fencing | the `volcano-fence` crate | [fencing](https://github.com/volcano-locks/volcano/blob/main/docs/guide/fencing.md) |
+//!
+//! The single requests ([`Locks::acquire`], `renew`, `get`, `release`,
+//! `force_release`) give full control. Each call returns a builder:
+//! `.await` it, or call `.send()` for a future to spawn.
 //!
 //! ```no_run
 //! use std::time::Duration;
 //!
 //! # async fn demo() -> Result<(), volcano::Error> {
-//! // VOLCANO_SERVICE_KEY (required), VOLCANO_API_URL, VOLCANO_ANON_KEY
+//! // VOLCANO_SERVICE_KEY (required), VOLCANO_API_URL (default
+//! // https://api.volcano.dev), VOLCANO_ANON_KEY (optional)
 //! let client = volcano::Client::from_env()?;
 //! let ran = client
 //!     .locks()
@@ -22,36 +40,40 @@
 //!         // `guard.is_lost()` before each side effect ...
 //!         Ok::<_, volcano::Error>(fence)
 //!     })
+//!     .min_hold(Duration::from_secs(60)) // hosts firing a little later skip too
 //!     .await?;
 //! if ran.is_none() {
 //!     println!("another worker holds the lock; skipped this run");
 //! }
-//! # Ok(()) }
+//! // Releases still owed (a cancelled job's, say) before the process exits.
+//! let unfinished = client.shutdown(Duration::from_secs(5)).await;
+//! # let _ = unfinished; Ok(()) }
 //! ```
 //!
-//! Also: [`Locks::hold`] for a lock kept in a struct ([`HeldLock`]),
-//! [`Locks::hold_all`] and [`Locks::with_locks`] for several keys at once,
-//! [`Locks::leader`] for leader election, and the single requests
-//! ([`Locks::acquire`], `renew`, `get`, `release`, `force_release`) for
-//! full control. Each returns a builder: `.await` it, or call `.send()` for
-//! a future to spawn. To test your code, the `mock` feature brings the
-//! in-process mock server (`volcano::mock`, `Client::for_mock`).
+//! ## Features
 //!
-//! Features (`volcano = { version = "0.1", features = [..] }`):
+//! `volcano = { version = "0.1", features = [..] }`:
 //!
-//! - `tls-aws-lc-rs` (default) or `tls-ring`: rustls's crypto provider.
-//!   Certificates are checked against the OS trust store and the standard
-//!   proxy variables are honoured; [the README's "TLS, proxies and your own
-//!   HTTP client"](https://github.com/volcano-locks/volcano#tls-proxies-and-your-own-http-client)
-//!   says why aws-lc-rs is the default.
+//! - `tls-aws-lc-rs` (default) or `tls-ring`: rustls's crypto provider
+//!   (take `tls-ring` with `default-features = false`, or both are
+//!   compiled in). Certificates are checked against the OS trust store and
+//!   the standard proxy variables are honoured: [TLS and HTTP](https://github.com/volcano-locks/volcano/blob/main/docs/guide/tls-http.md).
 //! - `mock`: `volcano::mock`, the in-process mock server (its page is the
 //!   testing guide), and `Client::for_mock`. Under `[dev-dependencies]`.
-//! - `metrics`: counters, histograms and a gauge through the `metrics`
-//!   facade; [names and labels in the
-//!   README](https://github.com/volcano-locks/volcano#behaviour-worth-knowing).
+//! - `metrics`: counters, histograms and gauges through the `metrics`
+//!   facade: [names and labels](https://github.com/volcano-locks/volcano/blob/main/docs/guide/observability.md#metrics).
 //! - `cli`: the `volcano` admin command (`cargo install volcano --features
-//!   cli`); [its guide and exit
-//!   codes](https://github.com/volcano-locks/volcano#waiting-and-the-admin-cli).
+//!   cli`): [its guide and exit codes](https://github.com/volcano-locks/volcano/blob/main/docs/guide/cli.md).
+//!
+//! ## Guides
+//!
+//! [Jobs](https://github.com/volcano-locks/volcano/blob/main/docs/guide/jobs.md), [leader election](https://github.com/volcano-locks/volcano/blob/main/docs/guide/leader.md),
+//! [semaphores](https://github.com/volcano-locks/volcano/blob/main/docs/guide/semaphore.md), [observing a key](https://github.com/volcano-locks/volcano/blob/main/docs/guide/observe.md),
+//! [TTLs and clocks](https://github.com/volcano-locks/volcano/blob/main/docs/guide/ttl-and-clocks.md), [fencing](https://github.com/volcano-locks/volcano/blob/main/docs/guide/fencing.md),
+//! [uncertain outcomes, `shutdown`, retries and errors](https://github.com/volcano-locks/volcano/blob/main/docs/guide/outcomes.md),
+//! [waiting and the quota](https://github.com/volcano-locks/volcano/blob/main/docs/guide/waiting.md), [the CLI](https://github.com/volcano-locks/volcano/blob/main/docs/guide/cli.md),
+//! [logs and metrics](https://github.com/volcano-locks/volcano/blob/main/docs/guide/observability.md), [TLS and HTTP](https://github.com/volcano-locks/volcano/blob/main/docs/guide/tls-http.md),
+//! and testing (the `mock` module).
 //!
 //! What a lease cannot promise: a process can pause (GC, swap, suspend)
 //! past its expiry and keep running. The service then hands the lock to

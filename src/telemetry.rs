@@ -1,7 +1,7 @@
 //! Metrics through the `metrics` facade (feature `metrics`): the
 //! application installs a recorder (Prometheus, StatsD, ...), the SDK only
 //! emits. Without the feature every function here is empty. Names and
-//! labels are listed in the README.
+//! labels are listed in docs/guide/observability.md.
 
 use std::time::Duration;
 

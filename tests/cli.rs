@@ -445,13 +445,13 @@ fn help_exit_codes(help: &str) -> Vec<(u16, String)> {
 }
 
 #[tokio::test]
-async fn the_readmes_exit_code_table_is_the_clis() {
+async fn the_cli_guides_exit_code_table_is_the_clis() {
     let server = MockServer::start().await;
     let help = volcano(&server, &["--help"]).await.stdout;
     let from_help = help_exit_codes(&help);
     assert!(from_help.len() >= 12, "{help}");
-    let readme = include_str!("../README.md");
-    let from_readme: Vec<(u16, String)> = readme
+    let guide = include_str!("../docs/guide/cli.md");
+    let from_guide: Vec<(u16, String)> = guide
         .lines()
         .skip_while(|line| *line != "| exit code | meaning |")
         .skip(2)
@@ -463,7 +463,7 @@ async fn the_readmes_exit_code_table_is_the_clis() {
             Some((code.parse().ok()?, meaning.to_owned()))
         })
         .collect();
-    assert_eq!(from_readme, from_help);
+    assert_eq!(from_guide, from_help);
     // `run` passes its command's code on; the rest are the CLI's own.
     assert!(help.contains("`run` otherwise exits with its command's code"));
 }

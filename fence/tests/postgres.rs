@@ -388,7 +388,7 @@ async fn a_stale_tokio_postgres_transaction_cannot_commit() {
     assert_eq!(notes, 0);
 }
 
-/// The README's `psql` recipe for `volcano locks run` jobs
+/// The fencing guide's `psql` recipe (docs/guide/fencing.md) for `volcano locks run` jobs
 /// (`examples/nightly.sql`), run by psql itself: a current fence writes, a
 /// stale one exits 3 and writes nothing.
 #[tokio::test]

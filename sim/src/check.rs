@@ -130,7 +130,7 @@ pub(crate) fn all(
 /// How far past the server's expiry a guard on a clock running at `rate`
 /// may believe, or say its lease lasts. A lease of `L` measured on a clock
 /// running slow (`rate < 1`) lasts `L / rate` of true time, `L × (1/rate −
-/// 1)` too long. What the README promises: while `ttl × (1/rate − 1)` is
+/// 1)` too long. What docs/guide/ttl-and-clocks.md promises: while `ttl × (1/rate − 1)` is
 /// under the service's 1 s grace, no guard believes past the moment
 /// another holder can take the key. So with a drifting clock a belief may
 /// outlast the expiry by less than the grace, never more: beyond the

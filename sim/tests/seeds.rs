@@ -271,7 +271,7 @@ fn finds_an_observer_that_stops_looking_after_a_failure() {
     );
 }
 
-/// Clocks that drift within the README's bound (a lease of `ttl` measured
+/// Clocks that drift within the bound of docs/guide/ttl-and-clocks.md (a lease of `ttl` measured
 /// on a clock `ρ` slow overruns by `ttl × ρ`, kept under the service's
 /// 1 s grace: ρ < 1/12 for the programs' longest TTL, 12 s) run clean,
 /// slow or fast; no guard believes past the moment another can take its

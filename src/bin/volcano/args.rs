@@ -121,9 +121,12 @@ pub(crate) enum LockCommand {
     /// passed on again). With --output json, one object on the last line of
     /// standard output.
     ///
-    /// Example (crontab; a host that finds the lock held skips quietly):
+    /// Example (crontab on several hosts, once per 5 minutes: --min-hold
+    /// keeps the key 60 s after it was acquired, so a host whose clock is a
+    /// few seconds late skips too; a host that finds the lock held skips
+    /// quietly):
     ///
-    ///   */5 * * * * volcano locks run nightly-report --ttl 60 --held-exit-code 0 --quiet -- /opt/report.sh
+    ///   */5 * * * * volcano locks run nightly-report --ttl 60 --min-hold 60s --held-exit-code 0 --quiet -- /opt/report.sh
     Run {
         /// The lock key: 1 to 128 letters, digits, '.', '_', ':' or '-',
         /// starting with a letter or digit. With --permits, the

@@ -19,7 +19,7 @@ pub(crate) const NOT_SENT: u8 = 10;
 pub(crate) const CLOSED_OUTPUT: u8 = 128 + 13;
 
 /// Every exit code the CLI chooses, and what it means: `--help` prints
-/// this table, and a test holds the README's table to it.
+/// this table, and a test holds the CLI guide's table (docs/guide/cli.md) to it.
 pub(crate) const TABLE: [(u8, &str); 12] = [
     (OK, "ok"),
     (OTHER, "any other error"),
