@@ -12,7 +12,7 @@
 //! | no answer, timed by a paused runtime clock | no | stops | lost | refused |
 //! | 503 | once more | again, after any `Retry-After` | again | again |
 //! | 429 | no | again, after the window | again, in the window | again |
-//! | 500, 502, 504 | no | stops | again | again |
+//! | 500, 502, 504 | no | again | again | again |
 //! | a 2xx that is not a JSON object | once more | stops | again | again |
 //! | 409 | no | waits | lost | refused (released, after an uncertain attempt) |
 //! | 400, 401, 403, 404, others | no | stops | lost | refused |

@@ -49,10 +49,10 @@ fn handles_and_values_cross_threads() {
     shared_clone::<Hold>();
     shared_clone::<HoldAll>();
     shared_clone::<AcquirePermit>();
-    shared::<Renew>();
-    shared::<Get>();
-    shared::<Release>();
-    shared::<ForceRelease>();
+    shared_clone::<Renew>();
+    shared_clone::<Get>();
+    shared_clone::<Release>();
+    shared_clone::<ForceRelease>();
 }
 
 #[cfg(feature = "mock")]

@@ -89,7 +89,7 @@ sends!(Acquire => LockLease, |this| {
 ///
 /// A builder, not a future: `.await` it, or call `.send()` for a future
 /// that can be spawned or stored.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 #[must_use = "a request builder does nothing until it is awaited"]
 pub struct Renew {
     pub(crate) locks: Locks,
@@ -109,7 +109,7 @@ sends!(Renew => LockLease, |this| Box::pin(async move {
 ///
 /// A builder, not a future: `.await` it, or call `.send()` for a future
 /// that can be spawned or stored.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 #[must_use = "a request builder does nothing until it is awaited"]
 pub struct Get {
     pub(crate) locks: Locks,
@@ -128,7 +128,7 @@ sends!(Get => LockState, |this| Box::pin(async move {
 ///
 /// A builder, not a future: `.await` it, or call `.send()` for a future
 /// that can be spawned or stored.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 #[must_use = "a request builder does nothing until it is awaited"]
 pub struct Release {
     pub(crate) locks: Locks,
@@ -146,7 +146,7 @@ sends!(Release => (), |this| Box::pin(async move {
 ///
 /// A builder, not a future: `.await` it, or call `.send()` for a future
 /// that can be spawned or stored.
-#[derive(Debug)]
+#[derive(Debug, Clone)]
 #[must_use = "a request builder does nothing until it is awaited"]
 pub struct ForceRelease {
     pub(crate) locks: Locks,

@@ -256,9 +256,20 @@ impl<F, E> WithPermit<'_, F, E> {
         self.acquire.min_hold = Some(min_hold);
         self
     }
+
+    /// Sets every option at once, as [`AcquirePermit::options`] does.
+    pub fn options(mut self, options: AcquireOptions) -> Self {
+        self.acquire = self.acquire.options(options);
+        self
+    }
 }
 
 impl<F, E> TryWithPermit<'_, F, E> {
+    /// See [`WithPermit::options`].
+    pub fn options(self, options: AcquireOptions) -> Self {
+        TryWithPermit(self.0.options(options))
+    }
+
     /// See [`WithPermit::cancel_on_loss`].
     pub fn cancel_on_loss(self) -> Self {
         TryWithPermit(self.0.cancel_on_loss())
