@@ -22,6 +22,14 @@
 //! With `VOLCANO_API_URL` or `VOLCANO_SERVICE_KEY` set, it is one host
 //! against that service: it runs or skips once, then exits with 0 (ran or
 //! skipped) or 1 (failed), as cron expects.
+//!
+//! In your program, `fire` and `one_host` are the whole job (with `volcano`
+//! and `tokio`'s `macros` and `rt-multi-thread` as dependencies); the
+//! five-host demo in `main` uses the `mock` feature, which belongs under
+//! `[dev-dependencies]`. A host killed mid-report leaves the key taken
+//! until its ttl (60 s) ends, and the next period runs as usual; what the
+//! report had written stays written, so make its writes safe to repeat or
+//! fence them.
 
 use std::process::ExitCode;
 use std::time::Duration;

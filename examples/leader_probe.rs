@@ -32,6 +32,13 @@ use volcano::{Client, LeaderHealth, LeaderStatus, LockGuard};
 const KEY: &str = "scheduler";
 const TTL: Duration = Duration::from_secs(15);
 const DRAIN: Duration = Duration::from_secs(10);
+/// How often a follower tries for the key: the default (a takeover after a
+/// graceful step-down within 10 s; 6 tries a minute per follower against
+/// the project's quota of 600).
+const POLL: Duration = Duration::from_secs(10);
+/// The demo's followers try every second, for a takeover you can watch
+/// (60 tries a minute each: for a demo on the mock server, not for a fleet).
+const DEMO_POLL: Duration = Duration::from_secs(1);
 
 /// Readiness: a healthy candidate, leading or not.
 fn ready(status: &LeaderStatus) -> bool {
@@ -121,8 +128,9 @@ async fn replica(
     client: Client,
     listener: TcpListener,
     stop: impl std::future::Future<Output = ()> + Send + 'static,
+    poll: Duration,
 ) -> Result<(), volcano::Error> {
-    let leader = client.locks().leader(KEY, TTL);
+    let leader = client.locks().leader(KEY, TTL).poll_interval(poll);
     tokio::spawn(serve_probes(listener, leader.status(), leader.health()));
     let result = leader
         .until(stop)
@@ -192,7 +200,7 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let client = Client::from_env()?;
         println!("probes on http://{addr}/readyz, /livez and /leader");
         let listener = TcpListener::bind(&addr).await?;
-        replica("replica", client.clone(), listener, sigterm()).await?;
+        replica("replica", client.clone(), listener, sigterm(), POLL).await?;
         let unfinished = client.shutdown(Duration::from_secs(5)).await;
         if !unfinished.is_empty() {
             eprintln!("may still hold {unfinished:?} until its ttl");
@@ -208,9 +216,16 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         let listener = TcpListener::bind("127.0.0.1:0").await?;
         let addr = listener.local_addr()?;
         let (stop, stopped) = oneshot::channel::<()>();
-        let task = tokio::spawn(replica(name, client.clone(), listener, async move {
+        let stop_signal = async move {
             let _ = stopped.await;
-        }));
+        };
+        let task = tokio::spawn(replica(
+            name,
+            client.clone(),
+            listener,
+            stop_signal,
+            DEMO_POLL,
+        ));
         replicas.push((name, client, addr, Some(stop), task));
     }
 
@@ -226,7 +241,8 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
 
     // Kubernetes stops the leader's pod: SIGTERM, here a oneshot. It drains
     // (finishes its job, still ready and renewing), then releases, and
-    // another replica takes over at once.
+    // another replica takes over at its next try: within its poll
+    // interval (1 s in this demo, 10 s by default).
     println!("\nSIGTERM to {}", replicas[leading].0);
     if let Some(stop) = replicas[leading].3.take() {
         let _ = stop.send(());

@@ -1,6 +1,7 @@
 //! Every `rust` code block of the README and the guides compiles: each one
-//! must appear verbatim (once its common indentation is removed) in
-//! `snippets.rs`, which `cargo test` and clippy build. A block edited on
+//! must appear verbatim (once its common indentation is removed) in the
+//! `snippets` example (`examples/snippets/`), which `cargo test` and clippy
+//! build. A block edited on
 //! the page alone, or one whose code no longer compiles, fails here or
 //! there. Blocks marked `ignore` (the fence's sqlx snippet, which
 //! fence/README.md compiles as a doctest) are the only ones exempt.
@@ -67,7 +68,11 @@ fn contains(source: &[&str], block: &[String]) -> bool {
 #[test]
 fn every_rust_block_of_the_readme_and_guides_is_compiled() {
     let root = root();
-    let source = std::fs::read_to_string(root.join("examples/snippets.rs")).unwrap();
+    let mut source = String::new();
+    for entry in std::fs::read_dir(root.join("examples/snippets")).unwrap() {
+        source += &std::fs::read_to_string(entry.unwrap().path()).unwrap();
+        source.push('\n');
+    }
     let source: Vec<&str> = source.lines().collect();
     let mut pages = vec![root.join("README.md")];
     let mut guides: Vec<PathBuf> = std::fs::read_dir(root.join("docs/guide"))
@@ -91,7 +96,7 @@ fn every_rust_block_of_the_readme_and_guides_is_compiled() {
     }
     assert!(
         missing.is_empty(),
-        "these rust blocks are not in examples/snippets.rs as written: {missing:?}"
+        "these rust blocks are not in examples/snippets/ as written: {missing:?}"
     );
     // The README alone has ten: a parser that found none would pass anything.
     assert!(checked >= 10, "only {checked} rust blocks found");
@@ -107,4 +112,26 @@ fn the_check_finds_an_edited_block() {
     let blocks = rust_blocks(page);
     assert_eq!(blocks.len(), 1);
     assert_eq!(blocks[0].1, vec!["let a = 1;".to_owned()]);
+}
+
+/// The testing guide's complete test, "A 503 in the middle of a job", is
+/// `tests/testing_guide.rs`, verbatim: it runs as the guide shows it.
+#[test]
+fn the_testing_guides_recipe_is_a_test() {
+    let root = root();
+    let guide = std::fs::read_to_string(root.join("docs/testing.md")).unwrap();
+    let recipe = &guide[guide.find("### A 503 in the middle of a job").unwrap()..];
+    let start = recipe.find("```rust,ignore\n").unwrap() + "```rust,ignore\n".len();
+    let block: Vec<String> = recipe[start..]
+        .lines()
+        .take_while(|line| !line.starts_with("```"))
+        .map(str::to_owned)
+        .collect();
+    assert!(block.len() > 20, "the recipe was not found whole");
+    let test = std::fs::read_to_string(root.join("tests/testing_guide.rs")).unwrap();
+    let test: Vec<&str> = test.lines().collect();
+    assert!(
+        contains(&test, &block),
+        "docs/testing.md's 503 recipe differs from tests/testing_guide.rs"
+    );
 }

@@ -88,19 +88,28 @@ impl std::fmt::Debug for LeaderHealth {
 /// Where a [`Leader`] stands, for a readiness probe: read from a watch
 /// channel ([`Leader::status`]) without any request to the service.
 ///
+/// A readiness probe asks "am I a healthy candidate?", not "do I lead?":
+/// a rolling update waits for new replicas to become ready, and they start
+/// as followers ([the leader
+/// guide](https://github.com/volcano-locks/volcano/blob/main/docs/guide/leader.md#what-a-probe-should-ask)).
+/// Traffic for the leader alone goes by `Leading`, on another endpoint.
+///
 /// ```no_run
 /// # async fn demo(locks: volcano::Locks) {
 /// use std::time::Duration;
+/// use volcano::LeaderStatus;
 /// let leader = locks.leader("scheduler", Duration::from_secs(15));
 /// let status = leader.status();
 /// tokio::spawn(leader.run(|term| async move {
 ///     term.lost().await;
 ///     Ok::<(), volcano::Error>(())
 /// }));
-/// let ready = matches!(
-///     *status.borrow(),
-///     volcano::LeaderStatus::Leading { at_risk: false, .. } | volcano::LeaderStatus::Following
-/// );
+/// let ready = match *status.borrow() {
+///     LeaderStatus::Leading { .. } | LeaderStatus::SteppingDown { .. } => true,
+///     LeaderStatus::Following => true,
+///     LeaderStatus::Unreachable { since } => since.elapsed() < Duration::from_secs(30),
+///     _ => false, // Stopped, or a status added later
+/// };
 /// # let _ = ready; }
 /// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -119,7 +128,8 @@ pub enum LeaderStatus {
     /// This candidate still leads but steps down: `until` fired and its
     /// term drains ([`Leader::drain`]). The lock is held and renewed under
     /// this fencing token until the term returns or the drain runs out.
-    /// Not ready for a readiness probe that routes leader-only work here.
+    /// Still a ready candidate, but no longer the place for leader-only
+    /// work (route that by `Leading` alone).
     SteppingDown {
         /// The term's fencing token.
         fencing_token: i64,
