@@ -20,6 +20,10 @@ pub mod codes {
     pub const RATE_LIMITED: &str = "lock_rate_limited";
     /// A 503: the service could not decide ownership.
     pub const SERVICE_UNAVAILABLE: &str = "lock_service_unavailable";
+
+    /// Every code the protocol defines (section 3.2).
+    pub(crate) const ALL: [&str; 4] =
+        [LOCK_HELD, OWNERSHIP_LOST, RATE_LIMITED, SERVICE_UNAVAILABLE];
 }
 
 /// `Result` with [`Error`] as the default error type.
@@ -228,8 +232,9 @@ impl Error {
 
     /// True when the request may still be applied *later* (not only may
     /// have been): no answer came (a refused connection excepted), or an
-    /// answer that is not the service's own (a 5xx without the service's
-    /// error code, as a gateway that gave up sends it; a success whose
+    /// answer that is not the service's own (a 5xx whose body is not the
+    /// service's envelope, an `error` string and a code of [`codes`]: a
+    /// gateway that gave up sends HTML or JSON of its own; a success whose
     /// body could not be read), or a `409` to a retry after such an
     /// attempt. The service's own error answer says it handled the
     /// request: nothing of it can land after.
@@ -237,7 +242,7 @@ impl Error {
         match self {
             Error::Transport(e) => e.kind != TransportKind::Connect,
             Error::InvalidResponse(_) => true,
-            Error::Server(e) | Error::UnexpectedStatus(e) => e.code.is_none(),
+            Error::Server(e) | Error::UnexpectedStatus(e) => !e.from_service,
             Error::Conflict(e) => e.first_may_land_late,
             _ => false,
         }

@@ -25,8 +25,15 @@ pub(crate) fn api_error(
     request_id: &str,
     retry_after: Option<Duration>,
 ) -> ApiError {
-    let (message, code) = match json_object(body) {
+    let (message, code, from_service) = match json_object(body) {
         Some(map) => {
+            // The service's envelope, positively: its `error` string and a
+            // code it defines (a gateway's JSON has neither, or others).
+            let from_service = map.get("error").is_some_and(Value::is_string)
+                && map
+                    .get("code")
+                    .and_then(Value::as_str)
+                    .is_some_and(|code| crate::codes::ALL.contains(&code));
             let message = ["error", "message"]
                 .iter()
                 .find_map(|name| map.get(*name).and_then(Value::as_str))
@@ -37,12 +44,12 @@ pub(crate) fn api_error(
                 Some(Value::Number(code)) => Some(code.to_string()),
                 _ => None,
             };
-            (message, code)
+            (message, code, from_service)
         }
         None if body.iter().all(u8::is_ascii_whitespace) => {
-            ("the error body is empty".to_owned(), None)
+            ("the error body is empty".to_owned(), None, false)
         }
-        None => (excerpt(&String::from_utf8_lossy(body)), None),
+        None => (excerpt(&String::from_utf8_lossy(body)), None, false),
     };
     ApiError {
         status: Some(status),
@@ -52,6 +59,7 @@ pub(crate) fn api_error(
         retry_after,
         after_uncertain: false,
         first_may_land_late: false,
+        from_service,
     }
 }
 
@@ -162,6 +170,31 @@ mod tests {
             named("[1, 2]"),
             "not a JSON error object: a body beginning \"[1, 2]\""
         );
+    }
+
+    #[test]
+    fn only_the_services_own_envelope_says_it_handled_the_request() {
+        let from_service = |body: &str| api_error(503, body.as_bytes(), "rid", None).from_service;
+        assert!(from_service(
+            r#"{"error":"Lock service unavailable","code":"lock_service_unavailable"}"#
+        ));
+        // Gateways send JSON too: Envoy's shape, a numeric code, a message
+        // member, an unknown code, a code without the `error` string.
+        assert!(!from_service(
+            r#"{"code":504,"message":"upstream request timeout"}"#
+        ));
+        assert!(!from_service(
+            r#"{"error":"upstream timeout","code":"504"}"#
+        ));
+        assert!(!from_service(r#"{"error":"Gateway Timeout"}"#));
+        assert!(!from_service(
+            r#"{"message":"x","code":"lock_service_unavailable"}"#
+        ));
+        assert!(!from_service(
+            r#"{"error":7,"code":"lock_service_unavailable"}"#
+        ));
+        assert!(!from_service("<html><title>504</title></html>"));
+        assert!(!from_service(""));
     }
 
     #[test]

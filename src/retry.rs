@@ -251,6 +251,7 @@ mod tests {
             retry_after: None,
             after_uncertain: false,
             first_may_land_late: false,
+            from_service: code.is_some(),
         })
     }
 

@@ -117,8 +117,9 @@ async fn a_dropped_acquire_whose_try_lands_after_the_undo_is_released_again() {
     owned_until_the_window_closes(&client, &server).await;
 }
 
-#[tokio::test]
-async fn a_gateway_504_whose_request_is_applied_later_is_undone() {
+/// A gateway answers 504 (its HTML page, or JSON of its own) and lets
+/// the acquire go on: it lands 1.5 s later, after the undo's first release.
+async fn a_gateway_504_applied_later_is_undone(json: bool) {
     let server = MockServer::start().await;
     let gateway = Gateway::start(
         server.url(),
@@ -126,6 +127,7 @@ async fn a_gateway_504_whose_request_is_applied_later_is_undone() {
             status: 504,
             patience: Duration::from_millis(400),
             apply_after: Duration::from_millis(1_500),
+            json,
         }),
     )
     .await;
@@ -135,6 +137,18 @@ async fn a_gateway_504_whose_request_is_applied_later_is_undone() {
     assert!(err.may_have_been_applied(), "{err:?}");
     assert!(!held(&server), "not applied yet: the gateway holds it");
     owned_until_the_window_closes(&client, &server).await;
+}
+
+#[tokio::test]
+async fn a_gateway_504_whose_request_is_applied_later_is_undone() {
+    a_gateway_504_applied_later_is_undone(false).await;
+}
+
+/// Gateways send JSON too: `{"code":504,"message":..}` is not the
+/// service's envelope, so it says nothing of whether the try was handled.
+#[tokio::test]
+async fn a_gateway_504_in_json_keeps_the_late_window() {
+    a_gateway_504_applied_later_is_undone(true).await;
 }
 
 /// Another client holds the key; the first attempt is answered 503 by the
@@ -147,6 +161,7 @@ async fn held_elsewhere_then_released(server: &MockServer) -> Gateway {
             status: 503,
             patience: Duration::from_millis(100),
             apply_after: Duration::from_millis(1_500),
+            json: false,
         }),
     )
     .await;
@@ -233,4 +248,64 @@ async fn a_callers_token_is_told_and_never_released_behind_its_back() {
         .await
         .expect("recovered");
     client.locks().release(&lease).await.expect("released");
+}
+
+/// A renewal on its way when the job ends (held 5 s by the gateway) lands
+/// after the renewal that kept the minimum, and would set the expiry a
+/// whole ttl from then: once it can no longer land, the SDK puts the
+/// expiry back to the minimum's end. The key is free by the minimum's end
+/// plus the grace, late renewal or not.
+#[tokio::test]
+async fn a_renewal_landing_after_a_kept_minimum_does_not_stretch_it() {
+    const MINIMUM: Duration = Duration::from_secs(20);
+    let server = MockServer::start().await;
+    let patches = Arc::new(AtomicUsize::new(0));
+    let gateway = Gateway::start(server.url(), {
+        let patches = patches.clone();
+        move |seen: &Seen| {
+            if seen.method == "PATCH" && patches.fetch_add(1, Ordering::SeqCst) == 0 {
+                Plan::Hold(Duration::from_secs(5))
+            } else {
+                Plan::Pass
+            }
+        }
+    })
+    .await;
+    let client = client_through(&gateway, &server);
+    let began = server.now();
+    let held = client
+        .locks()
+        .hold(KEY, Duration::from_secs(15))
+        .min_hold(MINIMUM)
+        .await
+        .unwrap();
+    // The job ends while its first renewal is on its way.
+    let on_its_way = common::eventually(Duration::from_secs(12), || {
+        gateway.seen().iter().any(|s| s.method == "PATCH")
+    })
+    .await;
+    assert!(on_its_way, "no renewal was sent");
+    held.release().await.unwrap();
+    let renewals = |server: &MockServer| {
+        server
+            .requests()
+            .iter()
+            .filter(|r| r.operation == Operation::Renew && r.status == Some(200))
+            .count()
+    };
+    // The keep, the late one, and the one that puts it right.
+    let put_right = common::eventually(Duration::from_secs(20), || renewals(&server) >= 3).await;
+    let kept_until = began + chrono::Duration::from_std(MINIMUM).unwrap();
+    let lease = server
+        .locks()
+        .into_iter()
+        .find(|l| l.key == KEY)
+        .expect("kept");
+    assert!(
+        lease.expires_at <= kept_until + chrono::Duration::seconds(2),
+        "the late renewal stretched the kept minimum to {} (minimum's end {kept_until}; put \
+         right: {put_right}): {:#?}",
+        lease.expires_at,
+        server.requests()
+    );
 }

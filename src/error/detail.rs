@@ -20,6 +20,11 @@ pub struct ApiError {
     /// ... and that attempt may still be applied later (no answer, a
     /// gateway's 5xx), not only may have been.
     pub(crate) first_may_land_late: bool,
+    /// The body was the service's own error envelope: an `error` string and
+    /// a `code` the protocol defines ([`crate::codes`]). Only that says the
+    /// service handled the request; a gateway's JSON (`{"code":504,
+    /// "message":..}`) or page does not.
+    pub(crate) from_service: bool,
 }
 
 impl ApiError {
@@ -83,6 +88,7 @@ impl fmt::Debug for ApiError {
             .field("retry_after", &self.retry_after)
             .field("after_uncertain", &self.after_uncertain)
             .field("first_may_land_late", &self.first_may_land_late)
+            .field("from_service", &self.from_service)
             .finish()
     }
 }

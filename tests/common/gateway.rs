@@ -29,6 +29,9 @@ pub(crate) enum Plan {
         status: u16,
         patience: Duration,
         apply_after: Duration,
+        /// Answer with JSON of the gateway's own (Envoy's shape,
+        /// `{"code":504,"message":".."}`) instead of an HTML page.
+        json: bool,
     },
 }
 
@@ -102,6 +105,7 @@ async fn serve(
             status,
             patience,
             apply_after,
+            json,
         } => {
             let upstream = upstream.to_owned();
             tokio::spawn(async move {
@@ -109,9 +113,15 @@ async fn serve(
                 let _ = forward(&upstream, &request).await;
             });
             tokio::time::sleep(patience).await;
-            let body = format!("<html><body><h1>{status} Gateway gave up</h1></body></html>");
+            let (kind, body) = if json {
+                let body = format!(r#"{{"code":{status},"message":"upstream request timeout"}}"#);
+                ("application/json", body)
+            } else {
+                let body = format!("<html><body><h1>{status} Gateway gave up</h1></body></html>");
+                ("text/html", body)
+            };
             let answer = format!(
-                "HTTP/1.1 {status} Gateway gave up\r\ncontent-type: text/html\r\n\
+                "HTTP/1.1 {status} Gateway gave up\r\ncontent-type: {kind}\r\n\
                  content-length: {}\r\nconnection: close\r\n\r\n{body}",
                 body.len()
             );

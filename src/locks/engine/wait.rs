@@ -345,6 +345,7 @@ mod tests {
             retry_after,
             after_uncertain: false,
             first_may_land_late: false,
+            from_service: status == 409,
         })
     }
 
