@@ -19,11 +19,13 @@ const MAX_KEY_CHARS: usize = 200;
 /// Longest request id kept in an entry, in characters.
 const MAX_REQUEST_ID_CHARS: usize = 64;
 
-/// One request the server answered (or failed on purpose), in arrival order.
+/// One request the server answered (or failed on purpose), in the order handled.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[non_exhaustive]
 pub struct RecordedRequest {
-    /// Arrival order, from 1.
+    /// The order the service handled requests in, from 1: for one key,
+    /// the order in which they changed (or read) its lease, at times (`at`)
+    /// that never go back.
     pub seq: u64,
     /// Server time when the request was handled (after any injected delay,
     /// before any delay_response; for a gateway fault, when the service

@@ -104,17 +104,20 @@ async fn handle(
     let planned = shared.faults.plan(route.op, &route.key);
     let gateway_clock = Arc::clone(&shared);
     let apply = move |mut entry: RecordedRequest| {
-        let now = shared.clock.now();
-        entry.at = now;
-        if !planned.delay_response.is_zero() {
-            entry.fault = Some(FaultKind::DelayResponse {
-                ms: millis(planned.delay_response),
-            });
-        }
-        let outcome = outcome(&shared, &route, prepared, now, planned.action, &mut entry);
-        entry.status = outcome.status();
-        shared.journal.record(entry);
-        (outcome, planned.delay_response)
+        let (order, key) = (Arc::clone(&shared), route.key.clone());
+        order.store.in_order(&key, move || {
+            let now = shared.clock.now();
+            entry.at = now;
+            if !planned.delay_response.is_zero() {
+                entry.fault = Some(FaultKind::DelayResponse {
+                    ms: millis(planned.delay_response),
+                });
+            }
+            let outcome = outcome(&shared, &route, prepared, now, planned.action, &mut entry);
+            entry.status = outcome.status();
+            shared.journal.record(entry);
+            (outcome, planned.delay_response)
+        })
     };
     if let Some(FaultKind::Gateway {
         status,

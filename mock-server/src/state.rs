@@ -86,14 +86,32 @@ pub(crate) struct Store {
     /// change of hands, never reset (not by release, force release, expiry,
     /// sweeping or a reset of the mock).
     fencing: AtomicI64,
+    /// One per shard: held while a request of a key in it reads the clock,
+    /// is applied and is journaled ([`Store::in_order`]).
+    order: Vec<Mutex<()>>,
 }
 
 impl Store {
+    /// Runs `apply` (read the clock, change the store, journal the
+    /// request) for `key` in one critical section with every other request
+    /// of its shard: the journal's order and times for a key are then the
+    /// order and times in which the store changed it (a request that read
+    /// the clock and was paused before taking the key could otherwise be
+    /// journaled before the release that freed it, or with an earlier time).
+    pub(crate) fn in_order<R>(&self, key: &str, apply: impl FnOnce() -> R) -> R {
+        let index = (self.hasher.hash_one(key) as usize) % SHARDS;
+        let _in_order = self.order[index]
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        apply()
+    }
+
     pub(crate) fn new() -> Self {
         Store {
             shards: (0..SHARDS).map(|_| Mutex::new(HashMap::new())).collect(),
             hasher: RandomState::new(),
             fencing: AtomicI64::new(0),
+            order: (0..SHARDS).map(|_| Mutex::new(())).collect(),
         }
     }
 
