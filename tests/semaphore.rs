@@ -157,10 +157,115 @@ async fn a_free_permit_costs_one_request_and_a_full_semaphore_is_none() {
         .await
         .unwrap();
     assert_eq!(ran, None, "every permit is held");
-    assert!(acquires(&server) - before <= 2, "no sweep of all eight");
+    assert_eq!(
+        acquires(&server) - before,
+        8,
+        "\"every permit taken\" only once each of the eight was seen held"
+    );
     for permit in held {
         permit.release().await.unwrap();
     }
+}
+
+/// A try that does not wait says "every permit taken" only when every
+/// permit was seen held: with 8 of 16 or 9 of 10 held elsewhere it gets
+/// one, at one request per held permit it meets at most.
+#[tokio::test]
+async fn a_try_gets_a_permit_whenever_one_is_free() {
+    for (permits, taken) in [(16u32, 8u32), (10, 9), (4, 3)] {
+        let server = MockServer::start().await;
+        let holder = mock_client(&server);
+        let mut held = Vec::new();
+        for i in 0..taken {
+            let key = format!("pf:{i}");
+            held.push(holder.locks().hold(key, TTL).await.unwrap());
+        }
+        for attempt in 0..8 {
+            // A fresh client each time: its own spread, nothing remembered.
+            let semaphore = mock_client(&server).locks().semaphore("pf", permits);
+            let before = server.requests().len();
+            let ran = semaphore
+                .try_with_permit(TTL, |permit| async move {
+                    Ok::<_, Error>(permit.key().to_owned())
+                })
+                .await
+                .unwrap();
+            let key = ran.unwrap_or_else(|| {
+                panic!("{taken} of {permits} held: try {attempt} said every permit was taken")
+            });
+            assert!(key.starts_with("pf:"), "{key}");
+            let tries = server.requests()[before..]
+                .iter()
+                .filter(|r| r.operation == Operation::Acquire)
+                .count();
+            assert!(
+                tries <= taken as usize + 1,
+                "{tries} acquires for a try with {taken} of {permits} held"
+            );
+        }
+        drop(held);
+    }
+}
+
+/// A permit its own client releases wakes that client's waiter on the
+/// semaphore at once: its next try is that permit, not a round later.
+#[tokio::test]
+async fn a_permit_freed_by_its_client_goes_to_its_own_waiter_at_once() {
+    let server = MockServer::start().await;
+    let client = mock_client(&server);
+    let semaphore = client.locks().semaphore("own", 4);
+    let mut held = Vec::new();
+    for _ in 0..4 {
+        held.push(semaphore.acquire(TTL).await.unwrap());
+    }
+    let waiter = {
+        let semaphore = semaphore.clone();
+        tokio::spawn(async move {
+            let permit = semaphore
+                .acquire(TTL)
+                .wait(Duration::from_secs(60))
+                .poll_interval(Duration::from_secs(10))
+                .await
+                .unwrap();
+            (permit.key().to_owned(), std::time::Instant::now())
+        })
+    };
+    // Until the waiter has tried every permit and paused a while.
+    let refused = |server: &MockServer| {
+        server
+            .requests()
+            .iter()
+            .filter(|r| r.operation == Operation::Acquire && r.status == Some(409))
+            .map(|r| (r.seq, r.key.clone()))
+            .collect::<Vec<_>>()
+    };
+    assert!(
+        common::eventually(Duration::from_secs(20), || refused(&server).len() >= 6).await,
+        "the waiter never tried"
+    );
+    // The permit it tried last: without the news it would come round to
+    // it last again.
+    let (_, last_tried) = refused(&server).pop().unwrap();
+    let at = held.iter().position(|p| p.key() == last_tried).unwrap();
+    let released_at = std::time::Instant::now();
+    let seq = server.requests().last().unwrap().seq;
+    held.remove(at).release().await.unwrap();
+    let (key, got_at) = waiter.await.unwrap();
+    assert_eq!(key, last_tried);
+    let next = server
+        .requests()
+        .into_iter()
+        .find(|r| r.seq > seq && r.operation == Operation::Acquire)
+        .unwrap();
+    assert_eq!(
+        (next.key.as_str(), next.status),
+        (last_tried.as_str(), Some(201)),
+        "the waiter's next try after the release is the freed permit"
+    );
+    println!(
+        "own waiter got the freed permit {:?} after the release",
+        got_at.duration_since(released_at)
+    );
 }
 
 /// Waiters of one client on a full semaphore get permits in the order

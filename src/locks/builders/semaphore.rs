@@ -84,9 +84,12 @@ impl Semaphore {
     }
 
     /// Takes a permit: a renewing [`HeldLock`] on its key, as
-    /// [`Locks::hold`] gives. Without `.wait(..)` one round of tries: a
-    /// permit taken, or `Error::Conflict` (`is_lock_held()`) when each one
-    /// tried was held. A name whose permits' keys are not valid keys, a
+    /// [`Locks::hold`] gives. Without `.wait(..)` one round of tries, on
+    /// through the permits until one is free: a permit taken (one request
+    /// when the first tried is free), or `Error::Conflict`
+    /// (`is_lock_held()`) only when every permit was seen held (one
+    /// request each). A permit this client releases is tried first by its
+    /// own waiter on the semaphore, at once. A name whose permits' keys are not valid keys, a
     /// count of 0 or over [`MAX_PERMITS`](crate::MAX_PERMITS), and a token
     /// or request id of the caller's are `Error::InvalidArgument`, before
     /// anything is sent.

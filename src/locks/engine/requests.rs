@@ -115,6 +115,7 @@ pub(crate) async fn release(
     }
     send(locks, &op, &request_id, options.timeout, Window::default()).await?;
     locks.client().turns().freed(lease.key());
+    locks.client().semaphores().freed(lease.key());
     tracing::debug!(
         key = lease.key(),
         fencing_token = lease.fencing_token(),
@@ -135,6 +136,7 @@ pub(crate) async fn force_release(
     let op = ops::ForceRelease { key };
     send(locks, &op, &request_id, options.timeout, Window::default()).await?;
     locks.client().turns().freed(key);
+    locks.client().semaphores().freed(key);
     tracing::info!(key = %key, request_id, "lock force-released");
     Ok(())
 }

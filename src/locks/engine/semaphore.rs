@@ -4,13 +4,16 @@
 //!
 //! A try takes a permit with one acquire when one is free in the common
 //! case: it starts from a spread of its own (its client's, so that clients
-//! start on different permits) and never sweeps all of them: the first
-//! round tries at most two permits, each later round one, the one this
-//! client saw held longest ago (never seen held first), so that a wait
-//! rotates through the permits at the pace of one waiter on one key. Each
-//! permit's acquire is a whole hold ([`hold::hold`]): an uncertain acquire
-//! is undone like any other, and a future dropped anywhere releases what
-//! it took.
+//! start on different permits), the permits this client saw held longest
+//! ago first (never seen held first). A try that does not wait goes on
+//! through the permits until one is free, so that "every permit taken" is
+//! said only when each was seen held (one request when the first is free,
+//! at most N when all are held). A wait's first round tries at most two
+//! permits and each later round one, so that it rotates through the
+//! permits at the pace of one waiter on one key; a permit this client
+//! frees itself is tried first, at once. Each permit's acquire is a whole
+//! hold ([`hold::hold`]): an uncertain acquire is undone like any other,
+//! and a future dropped anywhere releases what it took.
 //!
 //! Waiting follows the one policy: rounds on the ramp (30 % of the time
 //! waited, 0.3 s at least, the poll interval at most), the pause a 429 to
@@ -40,8 +43,15 @@ use crate::validate;
 /// key; a try's cost does not grow with it.
 pub const MAX_PERMITS: u32 = 100;
 
-/// Permits the first round tries at most; later rounds try one.
+/// Permits a waiter's first round tries at most; its later rounds try
+/// one. A try that does not wait has one round, over every permit until
+/// one is free: it says "every permit taken" only when each was seen held.
 const FIRST_ROUND: usize = 2;
+
+/// Idle semaphores (no try or wait running) whose memory a client keeps,
+/// the most recently used; older ones are forgotten. What is forgotten is
+/// which permits were seen held: a try then starts from its spread.
+const KEPT_IDLE: usize = 64;
 
 /// What a client remembers of one semaphore, and the line its waiters
 /// take turns in (the lock on it: `tokio`'s mutex serves in order).
@@ -52,8 +62,47 @@ pub(crate) struct Memory {
     seen_held: Vec<Option<Instant>>,
 }
 
-/// What a client remembers of one semaphore, behind its waiters' line.
-type Line = Arc<tokio::sync::Mutex<Memory>>;
+impl Memory {
+    fn new(permits: u32) -> Self {
+        Memory {
+            seen_held: vec![None; permits as usize],
+        }
+    }
+}
+
+/// One semaphore of a client: what it remembers behind its waiters' line,
+/// and the permits it freed itself since its first waiter last tried.
+#[derive(Debug)]
+pub(crate) struct Entry {
+    line: tokio::sync::Mutex<Memory>,
+    /// Permits this client released (or force-released) since they were
+    /// last taken into account, and a count of such releases to wake the
+    /// first waiter from its pause.
+    freed: Mutex<Vec<u32>>,
+    woken: tokio::sync::watch::Sender<u64>,
+    /// When a try or wait last began or ended on it.
+    used: Mutex<Instant>,
+}
+
+impl Entry {
+    fn touch(&self) {
+        *crate::lock_unpoisoned(&self.used) = Instant::now();
+    }
+
+    /// The permits this client freed since the last call, forgotten as
+    /// held (the first waiter tries them first).
+    fn take_freed(&self, memory: &mut Memory) -> Vec<u32> {
+        let freed = std::mem::take(&mut *crate::lock_unpoisoned(&self.freed));
+        for &i in &freed {
+            if let Some(seen) = memory.seen_held.get_mut(i as usize) {
+                *seen = None;
+            }
+        }
+        freed
+    }
+}
+
+type Line = Arc<Entry>;
 
 /// The semaphores of one client: name and count → what it remembers.
 #[derive(Default)]
@@ -64,14 +113,64 @@ pub(crate) struct Semaphores {
 impl Semaphores {
     fn memory(&self, name: &str, permits: u32) -> Line {
         let mut by_name = crate::lock_unpoisoned(&self.by_name);
-        by_name
+        let entry = by_name
             .entry((name.to_owned(), permits))
             .or_insert_with(|| {
-                Arc::new(tokio::sync::Mutex::new(Memory {
-                    seen_held: vec![None; permits as usize],
-                }))
+                Arc::new(Entry {
+                    line: tokio::sync::Mutex::new(Memory::new(permits)),
+                    freed: Mutex::new(Vec::new()),
+                    woken: tokio::sync::watch::Sender::new(0),
+                    used: Mutex::new(Instant::now()),
+                })
             })
-            .clone()
+            .clone();
+        entry.touch();
+        forget_idle(&mut by_name);
+        entry
+    }
+
+    /// This client freed `key`: if it is a permit of a semaphore it
+    /// remembers, its first waiter tries that permit at once.
+    pub(crate) fn freed(&self, key: &str) {
+        let Some((name, i)) = key.rsplit_once(':') else {
+            return;
+        };
+        let Ok(i) = i.parse::<u32>() else {
+            return;
+        };
+        let by_name = crate::lock_unpoisoned(&self.by_name);
+        for ((_, permits), entry) in by_name.iter().filter(|((n, p), _)| n == name && i < *p) {
+            debug_assert!(i < *permits);
+            crate::lock_unpoisoned(&entry.freed).push(i);
+            entry.woken.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+
+    /// How many semaphores this client remembers (for tests).
+    #[cfg(test)]
+    fn remembered(&self) -> usize {
+        crate::lock_unpoisoned(&self.by_name).len()
+    }
+}
+
+/// Forgets the idle semaphores past the [`KEPT_IDLE`] most recently used:
+/// a long-lived client that used many one-off semaphores keeps a bounded
+/// memory. An entry in use (a try or a wait holds it) is never forgotten.
+fn forget_idle(by_name: &mut HashMap<(String, u32), Line>) {
+    if by_name.len() <= KEPT_IDLE {
+        return;
+    }
+    let mut idle: Vec<((String, u32), Instant)> = by_name
+        .iter()
+        .filter(|(_, entry)| Arc::strong_count(entry) == 1)
+        .map(|(name, entry)| (name.clone(), *crate::lock_unpoisoned(&entry.used)))
+        .collect();
+    if idle.len() <= KEPT_IDLE {
+        return;
+    }
+    idle.sort_by_key(|(_, used)| std::cmp::Reverse(*used));
+    for (name, _) in idle.into_iter().skip(KEPT_IDLE) {
+        by_name.remove(&name);
     }
 }
 
@@ -134,7 +233,7 @@ pub(crate) async fn acquire(spec: PermitSpec) -> Result<HeldLock> {
     let poll = spec.options.poll_interval.unwrap_or(DEFAULT_POLL);
     super::wait::check_poll_interval(poll)?;
     let client = spec.locks.client();
-    let memory = client.semaphores().memory(&spec.name, spec.permits);
+    let entry = client.semaphores().memory(&spec.name, spec.permits);
     let start = client.spread() % u64::from(spec.permits);
     let began = Instant::now();
     let deadline = spec.options.wait.map(|wait| {
@@ -142,32 +241,56 @@ pub(crate) async fn acquire(spec: PermitSpec) -> Result<HeldLock> {
             .checked_add(wait)
             .unwrap_or(began + Duration::from_secs(86_400 * 365))
     });
+    // A try that does not wait has one round, over every permit until one
+    // is free; a wait's first round tries two, its later rounds one.
+    let first_round = match deadline {
+        None if sabotaged!(SemaphoreTryGivesUpEarly) => FIRST_ROUND,
+        None => spec.permits as usize,
+        Some(_) => FIRST_ROUND,
+    };
+    let taken = taking(&spec, &entry, start, first_round, began, deadline).await;
+    entry.touch();
+    taken
+}
+
+/// The rounds of a try or a wait, in the line of `entry`'s waiters.
+async fn taking(
+    spec: &PermitSpec,
+    entry: &Entry,
+    start: u64,
+    first_round: usize,
+    began: Instant,
+    deadline: Option<Instant>,
+) -> Result<HeldLock> {
+    let client = spec.locks.client();
+    let poll = spec.options.poll_interval.unwrap_or(DEFAULT_POLL);
     // Behind others of this client, until first in line; a try that does
     // not wait, or a wait just before its deadline, makes a round of its
     // own instead of queueing.
     let line = async {
         match deadline {
-            None => memory.try_lock().ok(),
+            None => entry.line.try_lock().ok(),
             Some(by) => {
                 let room = by.saturating_duration_since(Instant::now());
-                tokio::time::timeout(room.saturating_sub(LAST_TRY_LEAD), memory.lock())
+                tokio::time::timeout(room.saturating_sub(LAST_TRY_LEAD), entry.line.lock())
                     .await
                     .ok()
             }
         }
     };
     let Some(mut remembered) = line.await else {
-        let mut own = Memory {
-            seen_held: vec![None; spec.permits as usize],
-        };
-        return match round(&spec, &mut own, start, FIRST_ROUND, deadline).await {
+        let mut own = Memory::new(spec.permits);
+        return match round(spec, &mut own, &[], start, first_round, deadline).await {
             Ok(held) => Ok(held),
             Err((err, _)) => Err(err),
         };
     };
-    let mut per_round = FIRST_ROUND;
+    let mut woken = entry.woken.subscribe();
+    let mut per_round = first_round;
     loop {
-        let last = match round(&spec, &mut remembered, start, per_round, deadline).await {
+        woken.borrow_and_update();
+        let freed = entry.take_freed(&mut remembered);
+        let last = match round(spec, &mut remembered, &freed, start, per_round, deadline).await {
             Ok(held) => return Ok(held),
             Err((err, false)) => return Err(err),
             Err((err, true)) => err,
@@ -184,37 +307,53 @@ pub(crate) async fn acquire(spec: PermitSpec) -> Result<HeldLock> {
             .mul_f64(RAMP_RATIO)
             .clamp(RAMP_FLOOR, poll.max(RAMP_FLOOR));
         let mut next = now + step.mul_f64(1.0 - 0.1 * crate::random::unit());
+        let mut paused_by_service = false;
         if let Some(after) = last.retry_after() {
             next = next.max(now + after.min(crate::retry::wait::MAX_RETRY_AFTER));
+            paused_by_service = true;
         }
         if let Some(quiet) = client.quota().quiet_until() {
             next = next.max(quiet + poll.mul_f64(crate::random::unit()));
+            paused_by_service = true;
         }
         // The last round goes with room for a try before the deadline.
         let last_call = by.checked_sub(LAST_TRY_LEAD / 2).unwrap_or(by);
         if now >= last_call {
             return Err(last);
         }
-        tokio::time::sleep_until(next.min(last_call)).await;
+        // A permit this client frees (a release, a force release) ends
+        // the pause at once, unless the service asked for quiet.
+        let freed_here = async {
+            if paused_by_service || woken.changed().await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        };
+        tokio::select! {
+            () = tokio::time::sleep_until(next.min(last_call)) => {}
+            () = freed_here => {}
+        }
     }
 }
 
-/// One round: `per_round` permits, those this client saw held longest
-/// ago first (never seen held before any), from its spread on. `Err((err,
+/// One round: `per_round` permits, those this client freed itself first,
+/// then those it saw held longest ago (never seen held before any), from
+/// its spread on. `Err((err,
 /// true))`: each was held, or the service did not answer (429, 5xx, no
 /// answer): worth waiting through; `Err((err, false))`: not (a refusal, a
 /// bad argument).
 async fn round(
     spec: &PermitSpec,
     memory: &mut Memory,
+    freed: &[u32],
     start: u64,
     per_round: usize,
     deadline: Option<Instant>,
 ) -> std::result::Result<HeldLock, (Error, bool)> {
     let n = u64::from(spec.permits);
     let mut order: Vec<u32> = (0..n).map(|j| ((start + j) % n) as u32).collect();
-    // Stable: among permits seen held equally long ago, the spread's order.
-    order.sort_by_key(|&i| memory.seen_held[i as usize]);
+    // Stable: permits this client just freed first, then among permits
+    // seen held equally long ago, the spread's order.
+    order.sort_by_key(|&i| (!freed.contains(&i), memory.seen_held[i as usize]));
     let mut candidates: Vec<u32> = order.into_iter().take(per_round).collect();
     if sabotaged!(SemaphoreExtraPermit) {
         // The planted bug: a permit past the count, as if one were free.
@@ -262,4 +401,49 @@ async fn round(
         last.unwrap_or_else(|| Error::invalid("a semaphore round tried no permit")),
         true,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn idle_semaphores_are_forgotten_past_a_bound_and_busy_ones_never() {
+        let semaphores = Semaphores::default();
+        let busy = semaphores.memory("busy", 100);
+        for n in 0..10_000 {
+            drop(semaphores.memory(&format!("one-off-{n}"), 100));
+        }
+        // The idle ones kept, the busy one, and the last one asked for
+        // (in use while the others were forgotten).
+        assert!(
+            semaphores.remembered() <= KEPT_IDLE + 2,
+            "{} semaphores remembered",
+            semaphores.remembered()
+        );
+        // The one in use is the same entry still.
+        assert!(Arc::ptr_eq(&busy, &semaphores.memory("busy", 100)));
+        // The most recently used idle ones are kept.
+        let recent = semaphores.memory("one-off-9999", 100);
+        assert_eq!(Arc::strong_count(&recent), 2, "still remembered");
+    }
+
+    #[tokio::test]
+    async fn a_permit_freed_here_is_news_to_its_semaphore_only() {
+        let semaphores = Semaphores::default();
+        let pool = semaphores.memory("pool", 4);
+        let other = semaphores.memory("pool-b", 4);
+        let mut woken = pool.woken.subscribe();
+        semaphores.freed("pool:2");
+        semaphores.freed("pool:9"); // past its count
+        semaphores.freed("pool-b"); // not a permit's key
+        semaphores.freed("nightly-report");
+        assert!(woken.has_changed().unwrap());
+        woken.borrow_and_update();
+        let mut memory = Memory::new(4);
+        memory.seen_held[2] = Some(Instant::now());
+        assert_eq!(pool.take_freed(&mut memory), [2]);
+        assert_eq!(memory.seen_held[2], None, "tried first again");
+        assert!(other.take_freed(&mut Memory::new(4)).is_empty());
+    }
 }
