@@ -130,6 +130,22 @@ pub enum Sabotage {
     /// An at-risk episode never ends when a renewal succeeds: the guard
     /// says it is at risk until the lock ends.
     RiskNeverClears,
+    /// A renewal answered without proof the service handled it (no answer,
+    /// a gateway's 5xx) is forgotten, and one in flight when the renewal
+    /// stops too: a keep that follows does not put the expiry right after
+    /// it lands, and the key outlives the kept minimum.
+    LateRenewalForgotten,
+    /// A semaphore try that does not wait tries two permits at most and
+    /// says "every permit taken" with others free.
+    SemaphoreTryGivesUpEarly,
+    /// A kept minimum's late-window fix-up releases at once instead of
+    /// renewing back to the minimum's end.
+    KeptSweepReleases,
+    /// A keep ignores `max_hold`: the minimum is kept past the cap.
+    KeepPastMaxHold,
+    /// A leader told to stop while it follows waits for its campaign's
+    /// undo to settle before `run` returns.
+    FollowerWaitsForUndo,
 }
 
 thread_local! {

@@ -127,9 +127,10 @@ impl Holding {
             // left of the cap, it releases instead (the keep itself asks
             // for no more than the cap's whole seconds left).
             .filter(|_| {
-                state
-                    .cap_at()
-                    .is_none_or(|cap| cap.saturating_sub(now) >= validate::MIN_TTL)
+                sabotaged!(KeepPastMaxHold)
+                    || state
+                        .cap_at()
+                        .is_none_or(|cap| cap.saturating_sub(now) >= validate::MIN_TTL)
             });
         if let Some(left) = left {
             return match self.keep_for(left).await {
@@ -247,7 +248,7 @@ impl Holding {
                 let left = until.saturating_sub(now);
                 let asked = validate::ttl_covering(left);
                 // Not past `max_hold`: its whole seconds left, at most.
-                match state.cap_at() {
+                match state.cap_at().filter(|_| !sabotaged!(KeepPastMaxHold)) {
                     Some(cap) => asked
                         .min(Duration::from_secs(cap.saturating_sub(now).as_secs()))
                         .max(validate::MIN_TTL),
@@ -264,12 +265,20 @@ impl Holding {
             // the key until the expiry just set (or the last one, if the
             // renewal could not be made).
             let _renewing = std::mem::replace(&mut self.stage, Stage::Released);
-            // A try of the acquisition may still land and set the expiry
-            // to its own ttl: put it right once none can, whatever the
-            // keeping renewal did.
+            // A try of the acquisition, a renewal abandoned in flight when
+            // the renewal stopped, or the keeping renewal itself when its
+            // answer did not prove it handled, may still land and set the
+            // expiry a whole ttl from then: put it right once none can,
+            // whatever the keeping renewal did.
             let lease = state.lease();
             let background = self.locks.client().background();
-            if let Some((land_by, ttl)) = background.take_late_window(lease.key(), lease.token()) {
+            let acquire_late = background.take_late_window(lease.key(), lease.token());
+            let renewal_late = state.renewals_land_by().map(|by| (by, state.ttl));
+            let late = match (acquire_late, renewal_late) {
+                (Some((a, a_ttl)), Some((r, r_ttl))) => Some((a.max(r), a_ttl.max(r_ttl))),
+                (one, other) => one.or(other),
+            };
+            if let Some((land_by, ttl)) = late {
                 let kept_until =
                     tokio::time::Instant::now() + until.saturating_sub(state.clock.now());
                 release::kept_sweep(&self.locks, lease, land_by, ttl, kept_until);

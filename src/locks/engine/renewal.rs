@@ -113,12 +113,15 @@ async fn send(
     budget: Duration,
     ttl: Duration,
 ) -> Result<Measured, Error> {
-    state.renewal_sent();
+    let timeout = budget.min(locks.client().timeout());
+    state.renewal_sent(timeout);
     let options = RequestOptions {
         request_id: Some(request_id.to_owned()),
-        timeout: Some(budget.min(locks.client().timeout())),
+        timeout: Some(timeout),
     };
-    requests::renew(locks, lease, ttl, &options).await
+    let result = requests::renew(locks, lease, ttl, &options).await;
+    state.renewal_answered(result.as_ref().is_err_and(Error::may_land_late));
+    result
 }
 
 /// The pauses between attempts after transient failures.

@@ -65,6 +65,20 @@ struct Current {
     /// to look at the deadline again. Dropped once the lock is lost, so a
     /// guard kept afterwards does not keep the suspend detector running.
     jumps: Option<Jumps>,
+    /// Renewals that may still be applied, and until when: a renewal
+    /// answered with no answer or a gateway's (it may land until its
+    /// timeout and the margin have passed), and the one in flight now.
+    /// One landing after a keep moves the expiry a whole ttl on.
+    renewals: LateRenewals,
+}
+
+/// When renewal requests of a hold may still land ([`State::renewal_sent`]).
+#[derive(Default, Clone, Copy)]
+struct LateRenewals {
+    /// The latest moment an answered renewal may still land.
+    answered: Option<tokio::time::Instant>,
+    /// The renewal in flight: it may land until then.
+    in_flight: Option<tokio::time::Instant>,
 }
 
 /// A hold's cap: the lease-clock reading at which it ends, and the lock
@@ -126,6 +140,7 @@ impl State {
                 failure: None,
                 renewal_tried: false,
                 jumps: Some(clock.jumps()),
+                renewals: LateRenewals::default(),
             }),
             clock,
             lost: watch::Sender::new(false),
@@ -250,8 +265,46 @@ impl State {
     }
 
     /// Records that a renewal is being sent.
-    pub(crate) fn renewal_sent(&self) {
-        self.current().renewal_tried = true;
+    /// A renewal sent now with `timeout`: until it is answered
+    /// ([`renewal_answered`](Self::renewal_answered)) it may land until the
+    /// timeout and the late margin have passed, even if its task is
+    /// stopped before the answer.
+    pub(crate) fn renewal_sent(&self, timeout: Duration) {
+        let mut current = self.current();
+        current.renewal_tried = true;
+        let renewals = &mut current.renewals;
+        // One still in flight was abandoned unanswered (its task stopped):
+        // it may land until its own time.
+        if let Some(abandoned) = renewals.in_flight.replace(late_by(timeout)) {
+            if !sabotaged!(LateRenewalForgotten) {
+                renewals.answered = Some(
+                    renewals
+                        .answered
+                        .map_or(abandoned, |was| was.max(abandoned)),
+                );
+            }
+        }
+    }
+
+    /// The renewal in flight was answered: `may_land_late` when the answer
+    /// does not prove the service handled it (no answer, a gateway's).
+    pub(crate) fn renewal_answered(&self, may_land_late: bool) {
+        let mut current = self.current();
+        let renewals = &mut current.renewals;
+        if let Some(by) = renewals.in_flight.take() {
+            if may_land_late && !sabotaged!(LateRenewalForgotten) {
+                let by = by.max(late_by(Duration::ZERO));
+                renewals.answered = Some(renewals.answered.map_or(by, |was| was.max(by)));
+            }
+        }
+    }
+
+    /// Until when a renewal of this hold sent so far may still be applied
+    /// (`None`: none can any more).
+    pub(crate) fn renewals_land_by(&self) -> Option<tokio::time::Instant> {
+        let renewals = self.current().renewals;
+        let by = renewals.answered.max(renewals.in_flight)?;
+        (by > tokio::time::Instant::now()).then_some(by)
     }
 
     /// A watch of the clock's jumps from now on (none once lost).
@@ -367,6 +420,15 @@ impl State {
             }
         }
     }
+}
+
+/// When a request sent now, or answered now without proof it was
+/// handled, may land at the latest: its `timeout` and the late margin on.
+fn late_by(timeout: Duration) -> tokio::time::Instant {
+    let now = tokio::time::Instant::now();
+    let late = timeout.saturating_add(crate::retry::LATE_TRY_MARGIN);
+    now.checked_add(late)
+        .unwrap_or(now + Duration::from_secs(86_400))
 }
 
 #[cfg(test)]
@@ -486,7 +548,7 @@ mod tests {
         let clock = LeaseClock::adjustable();
         let quiet = state(&clock, 30);
         let tried = state(&clock, 30);
-        tried.renewal_sent();
+        tried.renewal_sent(S(5));
         clock.advance(S(30));
         let detail = |state: &State| state.loss().and_then(|lost| lost.detail);
         assert_eq!(detail(&quiet).as_deref(), Some(JUMPED));

@@ -79,11 +79,16 @@ pub(crate) fn kept_sweep(
                 // A few renewals back to the minimum's end; if none is
                 // answered, a release (the minimum ends early rather than
                 // last a late try's ttl under a token nobody can name).
-                for pause in [
-                    Duration::from_secs(1),
-                    Duration::from_secs(2),
-                    Duration::ZERO,
-                ] {
+                let pauses = if sabotaged!(KeptSweepReleases) {
+                    &[][..]
+                } else {
+                    &[
+                        Duration::from_secs(1),
+                        Duration::from_secs(2),
+                        Duration::ZERO,
+                    ][..]
+                };
+                for &pause in pauses {
                     let left = kept_until.saturating_duration_since(Instant::now());
                     if left.is_zero() {
                         break;
