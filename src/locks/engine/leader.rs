@@ -9,6 +9,7 @@ mod report;
 
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use tracing::Instrument;
@@ -44,6 +45,12 @@ enum TermEnd<E> {
     Lost,
 }
 
+/// How long `run` waits, once `until` fired, for a release or an undo
+/// still running in the background: `run` returns within 1 s of `until`
+/// when not leading, and within the drain plus 2 s when leading on a
+/// healthy service (the term's own release is answered at once there).
+pub(crate) const STEP_DOWN_SETTLE: Duration = Duration::from_millis(750);
+
 /// Campaigns and leads on `key` until a term ends leadership or `until`
 /// fires; returns once every release under a campaign's token is done (or
 /// handed to `Client::shutdown`).
@@ -64,9 +71,17 @@ where
     validate::ttl(ttl)?;
     validate::key(&key)?;
     let campaign = Spec::new(&locks, key, ttl, options.wait(Duration::MAX));
-    let until: Signal = ending
-        .until
-        .unwrap_or_else(|| Box::pin(std::future::pending()));
+    let fired: Arc<Mutex<Option<tokio::time::Instant>>> = Arc::default();
+    let until: Signal = match ending.until {
+        Some(until) => {
+            let fired = fired.clone();
+            Box::pin(async move {
+                until.await;
+                *crate::lock_unpoisoned(&fired) = Some(tokio::time::Instant::now());
+            })
+        }
+        None => Box::pin(std::future::pending()),
+    };
     let mut tokens = Vec::new();
     let steps = Steps {
         until,
@@ -76,13 +91,21 @@ where
     drop(report);
     // A release under any campaign's token may still be running in the
     // background: an acquire being undone, or a term's release that
-    // kept failing. Return only once they have finished (within one
-    // client timeout, as a held lock's release; past it they go on,
-    // and `Client::shutdown` waits for them).
+    // kept failing. Return once they have finished, within one client
+    // timeout (as a held lock's release) when the term or an error ended
+    // the run; once `until` fired, within [`STEP_DOWN_SETTLE`] (a pod's
+    // grace period is counting). Past that they go on, and
+    // `Client::shutdown` waits for them and names their keys.
     let client = locks.client();
+    let stepping_down = crate::lock_unpoisoned(&fired).is_some();
+    let settle = if stepping_down && !sabotaged!(FollowerWaitsForUndo) {
+        STEP_DOWN_SETTLE
+    } else {
+        client.timeout()
+    };
     if !client
         .background()
-        .await_releases(&campaign.key, &tokens, client.timeout())
+        .await_releases(&campaign.key, &tokens, settle)
         .await
     {
         tracing::warn!(
