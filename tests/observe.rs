@@ -345,10 +345,10 @@ async fn a_named_window_holds_the_other_observers_back_until_it_ends() {
 
 /// A `next()` dropped while its look at a lease's last moments is in
 /// flight (a `select!` branch that lost) changes nothing: the next call
-/// sends that look again at once, sees the lease in its last moments, and
-/// reports its expiry as `Expired`. Before, the dropped look counted as a
+/// gets that look's answer, sees the lease in its last moments, and
+/// reports its expiry as `Expired`. (Once the dropped look counted as a
 /// regular one: the next came a poll interval later, after the expiry, and
-/// the stream said `Ended`.
+/// the stream said `Ended`.)
 #[tokio::test]
 async fn a_next_dropped_during_the_last_moments_look_changes_nothing() {
     let (server, mut changes, lease) = observed_5_s_lease().await;
@@ -363,6 +363,38 @@ async fn a_next_dropped_during_the_last_moments_look_changes_nothing() {
     let dropped = tokio::time::timeout(due + Duration::from_millis(100), changes.next()).await;
     assert!(dropped.is_err(), "dropped in flight: {dropped:?}");
     expires_in_a_few_seconds(&mut changes, &lease).await;
+}
+
+/// The same, but the caller comes back to `next()` only after the lease's
+/// expiry (busy elsewhere for 2 s): the dropped look's answer, made in
+/// the lease's last moments, is not lost; the stream still says `Expired`
+/// (a look sent again after the expiry could only say `Ended`).
+#[tokio::test]
+async fn a_look_in_flight_when_next_is_dropped_is_answered_to_the_next_call() {
+    let (server, mut changes, lease) = observed_5_s_lease().await;
+    server.inject(
+        Fault::delay(Duration::from_millis(300))
+            .on(Operation::Get)
+            .times(1),
+    );
+    let due = changes.next_look_in();
+    let dropped = tokio::time::timeout(due + Duration::from_millis(100), changes.next()).await;
+    assert!(dropped.is_err(), "dropped in flight: {dropped:?}");
+    let gets = |server: &MockServer| {
+        server
+            .requests()
+            .iter()
+            .filter(|r| r.operation == Operation::Get)
+            .count()
+    };
+    let before = gets(&server);
+    // Busy elsewhere until well past the expiry.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    expires_in_a_few_seconds(&mut changes, &lease).await;
+    assert!(
+        gets(&server) <= before + 2,
+        "the dropped look is not sent again"
+    );
 }
 
 /// A 5 s lease on "report", observed at a 60 s poll interval, its initial

@@ -26,6 +26,7 @@
 mod answers;
 mod quota;
 
+use std::future::Future;
 use std::time::Duration;
 
 use chrono::{DateTime, TimeDelta, Utc};
@@ -57,6 +58,38 @@ fn ends(err: &Error) -> bool {
     )
 }
 
+/// A look's answer: the state, and the answer's `Date`.
+type Answer = Result<(LockState, Option<DateTime<Utc>>)>;
+
+/// A look on its way: when it was sent, whether it is the one at a lease's
+/// last moments, and its answer to come. The answer sits behind a mutex
+/// only to keep [`Observe`](crate::Observe) `Sync`; it is reached through
+/// `&mut` (`Mutex::get_mut`), never locked.
+struct Look {
+    sent: Instant,
+    special: bool,
+    answer: std::sync::Mutex<std::pin::Pin<Box<dyn Future<Output = Answer> + Send>>>,
+}
+
+impl Look {
+    async fn answer(&mut self) -> Answer {
+        let answer = self
+            .answer
+            .get_mut()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        answer.await
+    }
+}
+
+impl std::fmt::Debug for Look {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Look")
+            .field("sent", &self.sent)
+            .field("special", &self.special)
+            .finish_non_exhaustive()
+    }
+}
+
 /// The state of one observer.
 #[derive(Debug)]
 pub(crate) struct Observer {
@@ -71,10 +104,11 @@ pub(crate) struct Observer {
     ended: bool,
     /// The next look is one at a lease's last moments, not a regular one.
     special_next: bool,
-    /// A look at a lease's last moments was sent and its `next()` dropped
-    /// before the answer: the next call sends it again at once, once (a
-    /// later look would miss those moments), and counts that one.
-    special_resent: bool,
+    /// The look sent and not answered yet: a `next()` dropped while it
+    /// was in flight leaves it here, and the next call awaits its answer
+    /// instead of sending another (a look at a lease's last moments sent
+    /// again later would miss them).
+    in_flight: Option<Look>,
     /// Since the last regular look, a look at a lease's last moments came
     /// and found it renewed: the next such look waits for a regular one,
     /// so that a holder with a TTL shorter than the poll interval costs at
@@ -97,7 +131,7 @@ impl Observer {
             next_at: None,
             ended: false,
             special_next: false,
-            special_resent: false,
+            in_flight: None,
             special_spent: false,
             last_received: None,
         }
@@ -110,8 +144,8 @@ impl Observer {
 
     /// The next change of the key, or failed look; `None` once a failure
     /// that another look will not mend was returned. Cancel-safe: dropped
-    /// while it waits or looks, it has changed nothing but the time of
-    /// its next look.
+    /// while it waits, it has changed nothing; dropped while it looks, the
+    /// look stays in flight and its answer goes to the next call.
     pub(crate) async fn next(&mut self, locks: &Locks) -> Option<Result<LockChange>> {
         if self.ended {
             return None;
@@ -130,7 +164,7 @@ impl Observer {
             // that its observers do not all fire at that moment).
             // Checked again after each sleep: another observer may have
             // been told meanwhile.
-            loop {
+            while self.in_flight.is_none() {
                 if let Some(quiet) = quota.quiet_until() {
                     if quiet > Instant::now() && self.next_at.is_none_or(|at| at < quiet) {
                         self.next_at = Some(quiet + self.spread());
@@ -141,33 +175,14 @@ impl Observer {
                     _ => break,
                 }
             }
-            let sent = Instant::now();
-            // Read, not taken: a `next()` dropped during the look leaves
-            // the next look what this one was (cancel safety: state
-            // changes only after the await that justifies it).
-            // A look at a lease's last moments that goes when a regular one
-            // would (0.9 of the poll interval or more after the last
-            // answer) costs nothing extra: it counts as regular, and does
-            // not spend the next such look.
-            let on_cadence = self
-                .last_received
-                .is_some_and(|at| sent >= at + self.poll().mul_f64(0.9));
-            let special = self.special_next && !on_cadence;
-            if self.special_next && !self.special_resent {
-                // A look at a lease's last moments: dropped before its
-                // answer, the next call sends it again at once (once), so
-                // that it still sees those moments.
-                self.special_resent = true;
-            } else {
-                // Any other look dropped before its answer (a `next()`
-                // given up) still counts: the next waits its interval, so
-                // that a caller that keeps dropping `next()` does not send
-                // a look each time.
-                self.next_at = Some(sent + self.poll());
+            if self.in_flight.is_none() {
+                self.in_flight = Some(self.send(locks));
             }
-            let answer = super::requests::get(locks, &self.key, &RequestOptions::default()).await;
+            let look = self.in_flight.as_mut().expect("a look in flight");
+            let answer = look.answer().await;
+            // Answered: from here on nothing awaits, so nothing is lost.
+            let Look { sent, special, .. } = self.in_flight.take().expect("a look in flight");
             self.special_next = false;
-            self.special_resent = false;
             let received = Instant::now();
             self.last_received = Some(received);
             match answer {
@@ -190,6 +205,33 @@ impl Observer {
                     return Some(Err(err));
                 }
             }
+        }
+    }
+
+    /// Sends a look now: a regular one, or the one at a lease's last
+    /// moments. A look counts when it goes (the next waits its interval),
+    /// so a caller that keeps dropping `next()` costs no more looks.
+    fn send(&mut self, locks: &Locks) -> Look {
+        let sent = Instant::now();
+        // A look at a lease's last moments that goes when a regular one
+        // would (0.9 of the poll interval or more after the last answer)
+        // costs nothing extra: it counts as regular, and does not spend
+        // the next such look.
+        let on_cadence = self
+            .last_received
+            .is_some_and(|at| sent >= at + self.poll().mul_f64(0.9));
+        let special = self.special_next && !on_cadence;
+        if !self.special_next {
+            self.next_at = Some(sent + self.poll());
+        }
+        let (locks, key) = (locks.clone(), self.key.clone());
+        let answer = Box::pin(async move {
+            super::requests::get(&locks, &key, &RequestOptions::default()).await
+        });
+        Look {
+            sent,
+            special,
+            answer: std::sync::Mutex::new(answer),
         }
     }
 

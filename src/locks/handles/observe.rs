@@ -39,9 +39,10 @@ use crate::locks::Locks;
 /// answer about the request itself (400, 401, 403, 404: a bad key, a
 /// refused service key), the stream ends (`None`); after any other (no
 /// answer, a 429, a 5xx, an answer it could not use) it goes on, and the
-/// next look waits out the poll interval or the `Retry-After`. A `next()`
-/// dropped while its look was in flight counts that look: the next call
-/// waits its interval. Changes while looks failed are not lost but
+/// next look waits out the poll interval or the `Retry-After`. A look in
+/// flight when its `next()` is dropped is kept: the next call gets its
+/// answer instead of sending another. Changes while looks failed are not
+/// lost but
 /// merged: the next answer is compared with the last one that came.
 ///
 /// What it cannot see: two changes between two looks show as one (a
@@ -51,7 +52,7 @@ use crate::locks::Locks;
 ///
 /// `next` is cancel-safe: a `next()` dropped while it waits or looks (a
 /// `select!` branch that lost) has changed nothing, and the next call
-/// reports what it would have.
+/// reports what it would have: a look it had sent is answered to it.
 pub struct Observe {
     locks: Locks,
     observer: Observer,
