@@ -252,12 +252,12 @@ async fn a_callers_token_is_told_and_never_released_behind_its_back() {
 
 /// A renewal on its way when the job ends (held 5 s by the gateway) lands
 /// after the renewal that kept the minimum, and would set the expiry a
-/// whole ttl from then: once it can no longer land, the SDK puts the
-/// expiry back to the minimum's end. The key is free by the minimum's end
-/// plus the grace, late renewal or not.
-#[tokio::test]
-async fn a_renewal_landing_after_a_kept_minimum_does_not_stretch_it() {
-    const MINIMUM: Duration = Duration::from_secs(20);
+/// whole ttl from then. The key is free by the minimum's end plus the
+/// grace, late renewal or not: the SDK renews back to the minimum's end
+/// once the renewal can no longer land (a long minimum), or releases at
+/// the minimum's end, so that one landing later finds no lease (a short
+/// one).
+async fn a_late_renewal_does_not_stretch_a_minimum_of(minimum: Duration, then: Duration) {
     let server = MockServer::start().await;
     let patches = Arc::new(AtomicUsize::new(0));
     let gateway = Gateway::start(server.url(), {
@@ -276,7 +276,7 @@ async fn a_renewal_landing_after_a_kept_minimum_does_not_stretch_it() {
     let held = client
         .locks()
         .hold(KEY, Duration::from_secs(15))
-        .min_hold(MINIMUM)
+        .min_hold(minimum)
         .await
         .unwrap();
     // The job ends while its first renewal is on its way.
@@ -290,22 +290,49 @@ async fn a_renewal_landing_after_a_kept_minimum_does_not_stretch_it() {
         server
             .requests()
             .iter()
-            .filter(|r| r.operation == Operation::Renew && r.status == Some(200))
+            .filter(|r| r.operation == Operation::Renew)
             .count()
     };
-    // The keep, the late one, and the one that puts it right.
-    let put_right = common::eventually(Duration::from_secs(20), || renewals(&server) >= 3).await;
-    let kept_until = began + chrono::Duration::from_std(MINIMUM).unwrap();
-    let lease = server
-        .locks()
+    // The keep and the late one applied; then `then`.
+    assert!(common::eventually(Duration::from_secs(20), || renewals(&server) >= 2).await);
+    tokio::time::sleep(then).await;
+    let kept_until = began + chrono::Duration::from_std(minimum).unwrap();
+    if let Some(lease) = server.locks().into_iter().find(|l| l.key == KEY && l.live) {
+        assert!(
+            lease.expires_at <= kept_until + chrono::Duration::seconds(2),
+            "the late renewal stretched the kept minimum to {} (minimum's end {kept_until}): \
+             {:#?}",
+            lease.expires_at,
+            server.requests()
+        );
+    }
+    // Never released before the minimum's end.
+    let released = server
+        .requests()
         .into_iter()
-        .find(|l| l.key == KEY)
-        .expect("kept");
-    assert!(
-        lease.expires_at <= kept_until + chrono::Duration::seconds(2),
-        "the late renewal stretched the kept minimum to {} (minimum's end {kept_until}; put \
-         right: {put_right}): {:#?}",
-        lease.expires_at,
-        server.requests()
-    );
+        .find(|r| r.operation == Operation::Release && r.status == Some(204));
+    if let Some(released) = released {
+        assert!(
+            released.at >= kept_until,
+            "released before the minimum's end: {released:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_renewal_landing_after_a_kept_minimum_does_not_stretch_it() {
+    // Checked once the late one's window has closed (sent + 5 s + 2 s).
+    a_late_renewal_does_not_stretch_a_minimum_of(Duration::from_secs(20), Duration::from_secs(3))
+        .await;
+}
+
+#[tokio::test]
+async fn a_renewal_landing_after_a_short_minimum_finds_the_key_released() {
+    // Checked past the minimum's end (9 s) and before the late one's
+    // window has closed (12 s): released at the minimum's end.
+    a_late_renewal_does_not_stretch_a_minimum_of(
+        Duration::from_secs(9),
+        Duration::from_millis(700),
+    )
+    .await;
 }

@@ -274,6 +274,7 @@ impl Holding {
             let background = self.locks.client().background();
             let acquire_late = background.take_late_window(lease.key(), lease.token());
             let renewal_late = state.renewals_land_by().map(|by| (by, state.ttl));
+            let late_acquire = acquire_late.is_some();
             let late = match (acquire_late, renewal_late) {
                 (Some((a, a_ttl)), Some((r, r_ttl))) => Some((a.max(r), a_ttl.max(r_ttl))),
                 (one, other) => one.or(other),
@@ -281,7 +282,7 @@ impl Holding {
             if let Some((land_by, ttl)) = late {
                 let kept_until =
                     tokio::time::Instant::now() + until.saturating_sub(state.clock.now());
-                release::kept_sweep(&self.locks, lease, land_by, ttl, kept_until);
+                release::kept_sweep(&self.locks, lease, land_by, ttl, kept_until, late_acquire);
             }
             match &kept {
                 Ok(()) => {

@@ -47,23 +47,31 @@ pub(crate) fn sweep(locks: &Locks, lease: LockLease, land_by: Instant, ttl: Dura
     );
 }
 
-/// A lease of a generated token handed to the service for a minimum hold
-/// (kept until `kept_until`, not released) while a try of the acquisition
-/// that granted it may still land: such a try, applied with the same
-/// token, would set the expiry to its own ttl from then. Once none can
-/// (`land_by`), one more request puts it right: a renewal back to the
-/// minimum's end if that is still ahead, else a release.
+/// A lease handed to the service for a minimum hold (kept until
+/// `kept_until`, not released) while a request may still land (`land_by`):
+/// a try of the acquisition that granted it (`acquire_late`: a generated
+/// token's acquire, applied with the same token, takes the key again for
+/// its own ttl), or a renewal abandoned in flight or answered by no one
+/// but a gateway (it sets the expiry a whole ttl from when it lands).
+///
+/// - The minimum ends before that window closes: released at the
+///   minimum's end (a renewal landing later finds no lease; a late
+///   acquire is released again once none can land).
+/// - It ends after: once nothing can land, one renewal back to the
+///   minimum's end (a few tries; if none is answered, a release: the
+///   minimum ends early rather than last a late request's ttl).
 pub(crate) fn kept_sweep(
     locks: &Locks,
     lease: LockLease,
     land_by: Instant,
     ttl: Duration,
     kept_until: Instant,
+    acquire_late: bool,
 ) {
     let live_for = land_by
         .saturating_duration_since(Instant::now())
         .saturating_add(ttl);
-    let why = "put a kept minimum right once a late try of the acquire can no longer land";
+    let why = "put a kept minimum right once a late request can no longer land";
     spawn(
         locks,
         lease,
@@ -74,11 +82,26 @@ pub(crate) fn kept_sweep(
                 tokio::select! {
                     biased;
                     _ = stopped.wait_for(|s| *s) => return Settled::MayBeHeld,
-                    () = tokio::time::sleep_until(land_by) => {}
+                    () = tokio::time::sleep_until(land_by.min(kept_until)) => {}
                 }
-                // A few renewals back to the minimum's end; if none is
-                // answered, a release (the minimum ends early rather than
-                // last a late try's ttl under a token nobody can name).
+                if kept_until < land_by {
+                    // The minimum's end: let go now.
+                    let until_landed = land_by.saturating_duration_since(Instant::now());
+                    let first = Persistence::background(&task_locks, until_landed);
+                    let first =
+                        confirmed(&task_locks, &lease, first, Some(superseded.clone())).await;
+                    if !acquire_late || matches!(first, Ok(Ended::Superseded)) {
+                        return settled(first, &lease, why);
+                    }
+                    tokio::select! {
+                        biased;
+                        _ = stopped.wait_for(|s| *s) => return Settled::MayBeHeld,
+                        () = tokio::time::sleep_until(land_by) => {}
+                    }
+                    let last = Persistence::background(&task_locks, ttl);
+                    let ended = confirmed(&task_locks, &lease, last, Some(superseded)).await;
+                    return settled(ended, &lease, why);
+                }
                 let pauses = if sabotaged!(KeptSweepReleases) {
                     &[][..]
                 } else {
@@ -109,7 +132,7 @@ pub(crate) fn kept_sweep(
                                 key = lease.key(),
                                 why,
                                 error = %crate::error::chain(&err),
-                                "the kept minimum may last a late try's ttl"
+                                "the kept minimum may last a late request's ttl"
                             );
                             return Settled::MayBeHeld;
                         }
