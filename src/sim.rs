@@ -146,6 +146,10 @@ pub enum Sabotage {
     /// A leader told to stop while it follows waits for its campaign's
     /// undo to settle before `run` returns.
     FollowerWaitsForUndo,
+    /// A semaphore's rounds try the permit this client saw held most
+    /// recently first: a waiter keeps trying the same held permit while
+    /// another stays free.
+    SemaphoreTriesRecentFirst,
 }
 
 thread_local! {

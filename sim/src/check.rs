@@ -85,6 +85,10 @@ pub(crate) fn all(
     leader::drains(&run, out);
     semaphore::within_count(&run, out);
     semaphore::waits_end_by_their_deadline(&run, out);
+    semaphore::all_taken_only_when_seen(&run, out);
+    semaphore::waits_find_a_free_permit(&run, out);
+    minimum::kept_within_the_cap(&run, out);
+    leader::steps_down_in_time(&run, out);
     recovery::after_crash(&run, out);
     recovery::after_release(&run, out);
     truth::releases(&run, out);

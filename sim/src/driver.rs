@@ -252,7 +252,7 @@ impl Driver {
         ];
         let mut op = ops[self.rng.random_range(0..ops.len())];
         let times = self.rng.random_range(1..=3);
-        let (fault, kind) = match self.rng.random_range(0..12) {
+        let (fault, kind) = match self.rng.random_range(0..14) {
             // A release, a renewal, an acquire or a look refused for good
             // (a rotated or revoked key; a look also a 400 or 404): a
             // refused release leaves the lease until its ttl, and
@@ -291,10 +291,11 @@ impl Driver {
             // undoes an acquire: the undo releases again once the try's
             // window has closed).
             7 => {
-                let delay = if op == Operation::Acquire {
-                    self.applied_after()
-                } else {
-                    lasting
+                let delay = match op {
+                    Operation::Acquire | Operation::Renew | Operation::Release => {
+                        self.applied_after()
+                    }
+                    _ => lasting,
                 };
                 (Fault::delay(delay), format!("delay-request of {delay:?}"))
             }
@@ -329,6 +330,23 @@ impl Driver {
                         "gateway-behind-holder 503 after {patience:?}, applied after \
                          {applied:?}, of {key}"
                     ),
+                )
+            }
+            // A renewal of a key a program holds, held on its way and
+            // applied late: it may land after the job has ended and its
+            // lock was released or kept for a minimum (a renewal cannot
+            // bring a released lease back; a kept one it would stretch).
+            12 | 13 => {
+                let held = self.held_keys();
+                let key = match held.len() {
+                    0 => format!("key-{}", self.rng.random_range(0..self.options.keys)),
+                    n => held[self.rng.random_range(0..n)].clone(),
+                };
+                let applied = self.applied_after();
+                op = Operation::Renew;
+                (
+                    Fault::delay(applied).key(key.as_str()),
+                    format!("late-renewal applied after {applied:?}, of {key}"),
                 )
             }
             // Applied, and answered with a body the client cannot read

@@ -148,6 +148,9 @@ fn simulate(seed: u64, options: &Options) -> Outcome {
         let kind = match &e.event {
             Event::Note { what, .. } if what == "dropped an operation" => "dropped-future",
             Event::Forced { .. } => "force-release",
+            Event::Fault { what } if what.starts_with("late-renewal-at-job-end") => {
+                "late-renewal-at-job-end"
+            }
             _ => continue,
         };
         *driver.kinds.entry(kind.to_owned()).or_default() += 1;

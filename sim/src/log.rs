@@ -167,9 +167,33 @@ pub(crate) enum Event {
         client: usize,
         name: String,
         until: Duration,
+        /// Its poll interval and the semaphore's permits.
+        poll: Duration,
+        permits: u32,
     },
-    /// That wait ended.
-    PermitWaitEnded { client: usize },
+    /// That wait ended; `held` when it said every permit stayed taken.
+    PermitWaitEnded { client: usize, held: bool },
+    /// A try for a permit of the semaphore `name` of `permits` that does
+    /// not wait, begun at `began` (sim time); `all_taken` when it said
+    /// every permit was taken (`Ok(None)`).
+    PermitTry {
+        client: usize,
+        name: String,
+        permits: u32,
+        began: Duration,
+        all_taken: bool,
+    },
+    /// A kept minimum (the one [`Event::MinimumAsked`] of the same lease
+    /// names) under a `max_hold` that ends at `cap_until` (sim time): the
+    /// keep must not outlive it.
+    KeepCapped {
+        client: usize,
+        key: String,
+        fence: i64,
+        cap_until: Duration,
+    },
+    /// A leader's `run` returned (its `until` fired before, if it did).
+    RunReturned { client: usize, key: String },
     /// A fault the driver injected.
     Fault { what: String },
     /// The server clock jumped by `by` (excuses beliefs that span it).

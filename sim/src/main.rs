@@ -89,6 +89,12 @@ fn parse() -> Result<Args, String> {
                     "renewal-retries-conflict" => Sabotage::RenewalRetriesConflict,
                     "renews-once" => Sabotage::RenewsOnce,
                     "risk-never-clears" => Sabotage::RiskNeverClears,
+                    "late-renewal-forgotten" => Sabotage::LateRenewalForgotten,
+                    "semaphore-try-gives-up-early" => Sabotage::SemaphoreTryGivesUpEarly,
+                    "kept-sweep-releases" => Sabotage::KeptSweepReleases,
+                    "keep-past-max-hold" => Sabotage::KeepPastMaxHold,
+                    "follower-waits-for-undo" => Sabotage::FollowerWaitsForUndo,
+                    "semaphore-tries-recent-first" => Sabotage::SemaphoreTriesRecentFirst,
                     other => return Err(format!("unknown sabotage {other:?}")),
                 }
             }

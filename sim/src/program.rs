@@ -83,10 +83,11 @@ impl Program {
         let mut rng = StdRng::seed_from_u64(self.seed);
         let ctx = Ctx::new(
             self.id,
-            client.locks(),
+            (client.locks(), clock),
             self.log.clone(),
             self.gate.clone(),
-            clock,
+            self.server.clone(),
+            requests.clone(),
         );
         for _ in 0..self.steps {
             let key = self.keys[rng.random_range(0..self.keys.len())].clone();

@@ -173,13 +173,13 @@ fn finds_a_waiter_that_tries_after_its_deadline() {
 }
 
 /// Rarer since minimum holds no longer release (half the `try_with_lock`
-/// scopes keep instead) and a quarter of the `with_lock` steps take a
-/// permit: first found at seed 180 from sim/ (was within 100), so within
-/// 300 here.
+/// scopes keep instead, and some `hold`s and permits now too) and a
+/// quarter of the `with_lock` steps take a permit: first found at seed 408
+/// from sim/ (was 180, and within 100 before that), so within 600 here.
 #[test]
 fn finds_a_refused_release_that_is_dropped() {
     let (seed, violation) =
-        first_found_within(Sabotage::DropRefusedRelease, 300).expect("found within the bound");
+        first_found_within(Sabotage::DropRefusedRelease, 600).expect("found within the bound");
     assert!(
         violation.contains("unreported lease") || violation.contains("leaked lease"),
         "seed {seed}: {violation}"
@@ -302,7 +302,15 @@ fn clocks_drifting_beyond_the_stated_bound_are_found() {
         clock_rate: Some(0.8),
         ..Options::default()
     };
-    let found = (0..FIND_WITHIN).find_map(|seed| run(seed, &options).violations.first().cloned());
+    // Other checks may fire first (a slow clock also stretches the
+    // windows the SDK keeps): the first of these that fires.
+    let found = (0..FIND_WITHIN).find_map(|seed| {
+        run(seed, &options).violations.into_iter().find(|v| {
+            ["overclaim", "overstated", "exclusion"]
+                .iter()
+                .any(|what| v.contains(what))
+        })
+    });
     let violation = found.expect("found within the bound");
     assert!(
         ["overclaim", "overstated", "exclusion"]
@@ -394,5 +402,41 @@ fn finds_a_guard_that_renews_once_then_stops() {
 #[test]
 fn finds_a_warning_that_never_clears() {
     let found = first_with(Sabotage::RiskNeverClears, "at_risk:");
+    assert!(found.is_some(), "not found within {FIND_WITHIN} seeds");
+}
+
+#[test]
+fn finds_a_late_renewal_that_stretches_a_kept_minimum() {
+    let found = first_with(Sabotage::LateRenewalForgotten, "before the job ended");
+    assert!(found.is_some(), "not found within {FIND_WITHIN} seeds");
+}
+
+#[test]
+fn finds_a_semaphore_try_that_gives_up_with_permits_free() {
+    let found = first_with(Sabotage::SemaphoreTryGivesUpEarly, "never saw permits");
+    assert!(found.is_some(), "not found within {FIND_WITHIN} seeds");
+}
+
+#[test]
+fn finds_a_kept_minimum_released_by_its_fix_up() {
+    let found = first_with(Sabotage::KeptSweepReleases, "min_hold");
+    assert!(found.is_some(), "not found within {FIND_WITHIN} seeds");
+}
+
+#[test]
+fn finds_a_keep_past_max_hold() {
+    let found = first_with(Sabotage::KeepPastMaxHold, "min_hold past max_hold");
+    assert!(found.is_some(), "not found within {FIND_WITHIN} seeds");
+}
+
+#[test]
+fn finds_a_follower_slow_to_step_down() {
+    let found = first_with(Sabotage::FollowerWaitsForUndo, "leader step-down");
+    assert!(found.is_some(), "not found within {FIND_WITHIN} seeds");
+}
+
+#[test]
+fn finds_a_semaphore_wait_that_never_rotates() {
+    let found = first_with(Sabotage::SemaphoreTriesRecentFirst, "still had no permit");
     assert!(found.is_some(), "not found within {FIND_WITHIN} seeds");
 }

@@ -127,7 +127,11 @@ pub(super) fn paced(run: &Run<'_>, out: &mut Vec<String>) {
                         r.sent
                     ));
                 }
-                let least = if throttled {
+                // Past a window in effect then: from its end, spread by up
+                // to the interval (the spread may be small).
+                let least = if let Some(until) = told {
+                    (until - at).div_f64(0.9)
+                } else if throttled {
                     poll
                 } else {
                     ramp(at.saturating_sub(first.sent), poll)

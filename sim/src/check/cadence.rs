@@ -255,7 +255,21 @@ pub(super) fn waiters(run: &Run<'_>, out: &mut Vec<String>) {
             }
             previous_sent = a.sent;
             if free_seen && a.operation == Operation::Acquire {
-                if let Some(heard) = heard.filter(|h| a.sent > *h + IMMEDIATE + PAUSE_SLACK) {
+                // Not while a 429 to any request of its client (a
+                // background release, say) asks for quiet.
+                let quiet = |h: &Duration| {
+                    run.server.sent.attempts.iter().any(|q| {
+                        q.client == client
+                            && q.answer.as_ref().is_some_and(|o| {
+                                o.status == 429
+                                    && o.at <= a.sent
+                                    && o.at + o.retry_after.unwrap_or_default() + PAUSE_SLACK >= *h
+                            })
+                    })
+                };
+                if let Some(heard) =
+                    heard.filter(|h| a.sent > *h + IMMEDIATE + PAUSE_SLACK && !quiet(h))
+                {
                     out.push(format!(
                         "slow after a free look: client {client}'s wait for {key} found the key \
                          free at {heard:?} and tried only at {:?}",

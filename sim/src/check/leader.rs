@@ -320,3 +320,79 @@ pub(super) fn drains(run: &Run<'_>, out: &mut Vec<String>) {
         }
     }
 }
+
+/// A leader told to stop steps down in time (`Leader::until`): `run`
+/// returns within 1 s of `until` when no term ran then, and within the
+/// drain plus 2 s when one did, on a healthy service (judged where no
+/// fault was injected from 15 s before `until` on, and nothing crashed or
+/// was dropped).
+pub(super) fn steps_down_in_time(run: &Run<'_>, out: &mut Vec<String>) {
+    for (i, e) in run.events.iter().enumerate() {
+        let Event::UntilFired { client, key, drain } = &e.event else {
+            continue;
+        };
+        let fired = e.at;
+        let Some(returned) = run.events[i..].iter().find_map(|later| match &later.event {
+            Event::RunReturned { client: c, key: k } if c == client && k == key => Some(later.at),
+            _ => None,
+        }) else {
+            continue;
+        };
+        let cut_short = run.events[i..].iter().any(|later| {
+            later.at <= returned
+                && match &later.event {
+                    Event::Crashed { client: c } => c == client,
+                    Event::Note {
+                        client: c, what, ..
+                    } => c == client && what == "dropped an operation",
+                    _ => false,
+                }
+        });
+        if cut_short {
+            continue;
+        }
+        // A term of this candidate running when `until` fired.
+        let mut running = std::collections::BTreeSet::new();
+        for earlier in &run.events[..i] {
+            match &earlier.event {
+                Event::Believes {
+                    client: c,
+                    key: k,
+                    fence,
+                } if c == client && k == key => {
+                    running.insert(*fence);
+                }
+                Event::TermDone {
+                    client: c,
+                    key: k,
+                    fence,
+                    ..
+                } if c == client && k == key => {
+                    running.remove(fence);
+                }
+                _ => {}
+            }
+        }
+        let took = returned.saturating_sub(fired);
+        if running.is_empty() {
+            if took > Duration::from_secs(1) + SLACK {
+                out.push(format!(
+                    "leader step-down: client {client} on {key} was not leading when until fired \
+                     at {fired:?}, and run returned {took:?} later (within 1 s is promised)"
+                ));
+            }
+            continue;
+        }
+        let faulty = run.events.iter().any(|f| {
+            matches!(f.event, Event::Fault { .. } | Event::ServerJump { .. })
+                && f.at + Duration::from_secs(15) >= fired
+                && f.at <= returned
+        });
+        if !faulty && took > *drain + Duration::from_secs(2) + SLACK {
+            out.push(format!(
+                "leader step-down: client {client} on {key} was leading when until fired at \
+                 {fired:?}, and run returned {took:?} later, past its drain ({drain:?}) plus 2 s"
+            ));
+        }
+    }
+}

@@ -11,6 +11,7 @@ use volcano_mock_server::Operation;
 
 use super::run::Run;
 use crate::log::Event;
+use crate::net::{Attempt, LATE_MARGIN};
 
 /// A minimum the service was asked to keep, and how its scope ended.
 struct Asked<'a> {
@@ -19,8 +20,12 @@ struct Asked<'a> {
     fence: i64,
     /// When the closure returned (sim time).
     returned: Duration,
-    /// The minimum's end (sim time).
+    /// The minimum's end (sim time), as its host's clock (which may run
+    /// fast) ends it: nothing before it.
     until: Duration,
+    /// The minimum's end as asked (`left` from its return): nothing of
+    /// the keep lasts past it (but for rounding and the shortest lease).
+    asked_until: Duration,
 }
 
 /// The minimums whose scopes returned `Ok` with their lease kept by the
@@ -54,7 +59,10 @@ fn kept<'a>(run: &Run<'a>) -> Vec<Asked<'a>> {
                 key: key.as_str(),
                 fence: *fence,
                 returned: e.at,
-                until: e.at + *left,
+                // `left` as its host's clock counts it: on one running
+                // fast, the minimum ends that much sooner in true time.
+                until: e.at + left.div_f64(run.clock_rate.max(1.0)),
+                asked_until: e.at + *left,
             });
         }
     }
@@ -70,12 +78,23 @@ fn kept<'a>(run: &Run<'a>) -> Vec<Asked<'a>> {
 pub(super) fn kept_by_the_service(run: &Run<'_>, out: &mut Vec<String>) {
     for m in kept(run) {
         let (key, fence) = (m.key, m.fence);
+        // A late request of the lease (sent before the job ended) that
+        // cut it short or stretched it, which the SDK could not put right
+        // because its requests to do so went unanswered or were refused
+        // for good: a fault's doing, not the SDK's.
+        let faulted = run.token_of(key, fence).is_some_and(|token| {
+            lease_end(run, key, fence, token).is_some_and(|end| {
+                end.set_by.is_some_and(|s| s.sent < m.returned)
+                    && (unanswered_after(run, token, end.applied)
+                        || refused_after(run, token, m.returned))
+            })
+        });
         if let Some(g) = run
             .grants
             .iter()
             .find(|g| g.key == key && g.fence != fence && g.at >= m.returned && g.at < m.until)
         {
-            if !run.breaks.any(key, m.returned, g.at) {
+            if !faulted && !run.breaks.any(key, m.returned, g.at) {
                 out.push(format!(
                     "min_hold not kept: client {}'s scope on {key} (fence {fence}) returned at \
                      {:?} with its minimum kept until {:?}, but the server granted fence {} at \
@@ -87,18 +106,40 @@ pub(super) fn kept_by_the_service(run: &Run<'_>, out: &mut Vec<String>) {
         let Some(token) = run.token_of(key, fence) else {
             continue;
         };
-        // A try of its acquire that may land late (no answer, a 5xx) is
-        // put right by a release once none can, after the minimum's end.
+        // A try of its acquire, or a renewal, that may land late (no
+        // answer, a 5xx) is put right by a release at the minimum's end
+        // or once none can land, whichever is later.
         let late_possible = run.server.sent.attempts.iter().any(|a| {
-            a.operation == Operation::Acquire
+            matches!(a.operation, Operation::Acquire | Operation::Renew)
                 && a.token.as_deref() == Some(token)
                 && a.answer.as_ref().is_none_or(|o| o.status >= 500)
         });
+        // A late try of the acquire that took the key again under the same
+        // token once the kept lease was gone (a force release): a lease of
+        // nobody's work, which the SDK releases.
+        let stranger_from = run
+            .server
+            .journal
+            .iter()
+            .filter(|r| {
+                r.operation == Operation::Acquire
+                    && r.status == Some(201)
+                    && r.key == key
+                    && r.fencing_token.is_some_and(|f| f != fence)
+                    && run.server.sent.attempts.iter().any(|a| {
+                        Some(&a.request_id) == r.request_id.as_ref()
+                            && a.token.as_deref() == Some(token)
+                    })
+            })
+            .map(|r| run.sim_time(r.at))
+            .find(|at| *at >= m.returned)
+            .unwrap_or(Duration::MAX);
         if let Some(a) = run.server.sent.attempts.iter().find(|a| {
             a.operation == Operation::Release
                 && a.client == m.client
                 && a.token.as_deref() == Some(token)
                 && a.sent >= m.returned
+                && a.sent < stranger_from
                 && !(late_possible && a.sent >= m.until)
         }) {
             out.push(format!(
@@ -108,48 +149,224 @@ pub(super) fn kept_by_the_service(run: &Run<'_>, out: &mut Vec<String>) {
                 m.client, m.until, m.returned, a.sent
             ));
         }
-        // The last expiry the server set for the lease, by a renewal
-        // applied after the closure returned, and when that renewal was
-        // sent (its ttl is counted from there; the time it took to arrive
-        // adds to the expiry).
-        let last = run
-            .server
-            .journal
-            .iter()
-            .filter(|r| {
-                r.operation == Operation::Renew
-                    && r.status == Some(200)
-                    && r.key == key
-                    && r.fencing_token == Some(fence)
-            })
-            .filter_map(|r| {
-                let sent = run
-                    .server
-                    .sent
-                    .attempts
-                    .iter()
-                    .find(|a| Some(&a.request_id) == r.request_id.as_ref())?
-                    .sent;
-                Some((sent, run.sim_time(r.at), run.sim_time(r.expires_at?)))
-            })
-            .rfind(|(_, at, _)| *at >= m.returned);
-        let Some((sent, applied, expires)) = last else {
+        let Some(end) = lease_end(run, key, fence, token) else {
             continue;
         };
-        if run.breaks.any(key, m.returned, expires) {
+        if run.breaks.any(key, m.returned, end.at) {
             continue;
         }
-        let on_its_way = applied.saturating_sub(sent);
-        let latest =
-            (m.until + Duration::from_secs(1)).max(sent + Duration::from_secs(5)) + on_its_way;
-        // Timestamps carry milliseconds.
         let slack = Duration::from_millis(2);
-        if expires + slack < m.until || expires > latest + slack {
+        // A release ends it where the late window of one of its
+        // requests ends at the latest (see `late_possible`).
+        let windows_close = run
+            .server
+            .sent
+            .attempts
+            .iter()
+            .filter(|a| {
+                a.token.as_deref() == Some(token)
+                    && a.answer.as_ref().is_none_or(|o| o.status >= 500)
+            })
+            .map(|a| a.sent + a.timeout + LATE_MARGIN)
+            .max()
+            .unwrap_or_default();
+        let judged = match end.set_by.filter(|_| !end.released) {
+            None if !end.released => Ok(()),
+            None => (end.at + slack >= m.until
+                && end.at
+                    <= (m.asked_until + Duration::from_secs(1)).max(windows_close)
+                        + end.transit
+                        + slack)
+                .then_some(())
+                .ok_or_else(|| format!("was released at {:?}", end.at)),
+            Some(s) if s.sent >= m.returned => {
+                // The keep, or a renewal that put it right: counted from
+                // when it was sent, the time it took to arrive added.
+                let latest = (m.asked_until + Duration::from_secs(1))
+                    .max(s.sent + Duration::from_secs(5))
+                    + end.transit;
+                (end.at + slack >= m.until && end.at <= latest + slack)
+                    .then_some(())
+                    .ok_or_else(|| {
+                        format!(
+                            "had its expiry set to {:?} by a request sent at {:?}, not within \
+                             [{:?}, {latest:?}]",
+                            end.at, s.sent, m.until
+                        )
+                    })
+            }
+            // Sent before the job ended, landed after the keep: beyond
+            // what a client can bound (excused), or it must have been put
+            // right.
+            Some(s) if end.applied > s.sent + s.timeout + LATE_MARGIN => Ok(()),
+            Some(_)
+                if end.at + slack >= m.until
+                    && end.at <= m.asked_until + Duration::from_secs(1) + slack =>
+            {
+                Ok(())
+            }
+            // A renewal back or release meant to put it right was refused
+            // for good (a revoked key): `shutdown` names the key (checked
+            // elsewhere).
+            Some(_) if refused_after(run, token, m.returned) => Ok(()),
+            // It tried (a renewal back, a release, sent after the late one
+            // landed) and got no answer: a fault, not the SDK.
+            Some(_) if unanswered_after(run, token, end.applied) => Ok(()),
+            Some(s) => Err(format!(
+                "was left by a {:?} sent at {:?}, before the job ended, which landed at {:?} and \
+                 set the expiry to {:?}, and nothing put it right",
+                s.operation, s.sent, end.applied, end.at
+            )),
+        };
+        if let Err(what) = judged {
             out.push(format!(
                 "min_hold expiry wrong: client {}'s scope on {key} (fence {fence}) asked the \
-                 service to keep it until {:?}; its last renewal (applied at {applied:?}) set its \
-                 expiry to {expires:?}, not within [{:?}, {latest:?}]",
-                m.client, m.until, m.until
+                 service to keep it until {:?}; its lease {what}",
+                m.client, m.until
+            ));
+        }
+    }
+}
+
+/// Whether a renewal or release of `token` sent from `from` on was refused
+/// for good (401, 403).
+fn refused_after(run: &Run<'_>, token: &str, from: Duration) -> bool {
+    run.server.sent.attempts.iter().any(|a| {
+        matches!(a.operation, Operation::Renew | Operation::Release)
+            && a.token.as_deref() == Some(token)
+            && a.sent + Duration::from_millis(2) >= from
+            && a.answer
+                .as_ref()
+                .is_some_and(|o| matches!(o.status, 401 | 403))
+    })
+}
+
+/// Whether a renewal or release of `token` sent from `from` on went
+/// unanswered (no answer, a 5xx, a 429).
+fn unanswered_after(run: &Run<'_>, token: &str, from: Duration) -> bool {
+    run.server.sent.attempts.iter().any(|a| {
+        matches!(a.operation, Operation::Renew | Operation::Release)
+            && a.token.as_deref() == Some(token)
+            && a.sent >= from
+            && a.answer
+                .as_ref()
+                .is_none_or(|o| o.status >= 500 || o.status == 429)
+    })
+}
+
+/// How a lease ended on the server: at `at` (sim time), by a release
+/// (`released`) or at the expiry the last request that set one gave it
+/// (`set_by`, when the clients' record has it), applied at `applied`;
+/// `transit`: how long that request took to arrive.
+struct End<'a> {
+    at: Duration,
+    set_by: Option<&'a Attempt>,
+    released: bool,
+    applied: Duration,
+    transit: Duration,
+}
+
+/// How the lease `fence` of `key` (under `token`) ended on the server: a
+/// walk of its journal in the order the server applied requests.
+fn lease_end<'a>(run: &Run<'a>, key: &str, fence: i64, token: &str) -> Option<End<'a>> {
+    let attempt = |id: &Option<String>| {
+        run.server
+            .sent
+            .attempts
+            .iter()
+            .find(|a| Some(&a.request_id) == id.as_ref())
+    };
+    let mut end = None;
+    for r in run.server.journal.iter().filter(|r| r.key == key) {
+        let applied = run.sim_time(r.at);
+        match (r.operation, r.status) {
+            (Operation::Acquire, Some(201)) | (Operation::Renew, Some(200))
+                if r.fencing_token == Some(fence) =>
+            {
+                let Some(expires) = r.expires_at else {
+                    continue;
+                };
+                let set_by = attempt(&r.request_id);
+                end = Some(End {
+                    at: run.sim_time(expires),
+                    set_by,
+                    released: false,
+                    applied,
+                    transit: set_by.map_or(Duration::ZERO, |a| applied.saturating_sub(a.sent)),
+                });
+            }
+            (Operation::Release, Some(204)) => {
+                let Some(a) = attempt(&r.request_id) else {
+                    continue;
+                };
+                if a.token.as_deref() != Some(token) {
+                    continue;
+                }
+                // A release of the lease while it was live ends it there.
+                if let Some(live) = end.as_mut().filter(|e| !e.released && e.at > applied) {
+                    *live = End {
+                        at: applied,
+                        set_by: None,
+                        released: true,
+                        applied,
+                        transit: applied.saturating_sub(a.sent),
+                    };
+                }
+            }
+            _ => {}
+        }
+    }
+    end
+}
+
+/// A kept minimum under a `max_hold` never outlives the cap: the keep
+/// asks for no more than the cap's whole seconds left, and with less than
+/// the shortest lease left of it the lease is released instead.
+pub(super) fn kept_within_the_cap(run: &Run<'_>, out: &mut Vec<String>) {
+    for (i, e) in run.events.iter().enumerate() {
+        let Event::KeepCapped {
+            client,
+            key,
+            fence,
+            cap_until,
+        } = &e.event
+        else {
+            continue;
+        };
+        let kept = run.events[i..].iter().find_map(|later| match &later.event {
+            Event::MinimumEnded {
+                client: c,
+                key: k,
+                fence: f,
+                kept,
+            } if c == client && k == key && f == fence => Some(*kept),
+            _ => None,
+        });
+        if kept != Some(true) {
+            continue;
+        }
+        let Some(token) = run.token_of(key, *fence) else {
+            continue;
+        };
+        let Some(end) = lease_end(run, key, *fence, token) else {
+            continue;
+        };
+        if run.breaks.any(key, e.at, end.at) {
+            continue;
+        }
+        // Sent before the job ended and landed beyond any bound: excused.
+        if end
+            .set_by
+            .is_some_and(|s| s.sent < e.at && end.applied > s.sent + s.timeout + LATE_MARGIN)
+        {
+            continue;
+        }
+        let latest = *cap_until + end.transit + Duration::from_millis(2);
+        if end.at > latest {
+            out.push(format!(
+                "min_hold past max_hold: client {client}'s lease on {key} (fence {fence}) was \
+                 kept until {:?}, past its cap at {cap_until:?}",
+                end.at
             ));
         }
     }

@@ -161,12 +161,16 @@ pub(super) fn schedule(run: &Run<'_>, out: &mut Vec<String>) {
             let off_cadence = retrying || first.sent >= kept_from;
             let suspended = run.lease_clock_moved(grant.client, earliest, first.sent);
             let deadline = sent + ttl;
-            let left = (earliest + ttl).saturating_sub(heard);
+            // On a host clock running fast (`clock_rate` > 1) the guard
+            // sees more time gone and renews sooner, by as much.
+            let fast = run.clock_rate.max(1.0);
+            let left = ttl.saturating_sub(heard.saturating_sub(earliest).mul_f64(fast));
             // The guard times its lease from what the server granted,
             // read on a `Date` of whole seconds: up to a second less.
             let soonest = (ttl / 3)
                 .min(left.saturating_sub(Duration::from_secs(3)))
                 .mul_f64(0.9)
+                .div_f64(fast)
                 .saturating_sub(SCHEDULE_SLACK);
             let latest = latest_renewal(sent, heard, ttl, run.clock_rate) + SCHEDULE_SLACK;
             if !off_cadence && !suspended && first.sent < heard + soonest {
@@ -213,7 +217,13 @@ pub(super) fn schedule(run: &Run<'_>, out: &mut Vec<String>) {
             // that expiry sooner in sim time: excused by as much.
             let jumped = run.breaks.jumped(grant.sent, first.sent + ttl + IN_WINDOW);
             let excused = run.drift_slack + jumped;
-            if let Some(expires) = expires.filter(|e| first.sent + IN_WINDOW > *e + excused) {
+            // After a keep, renewals back to the minimum's end put right
+            // what a late request did; one too late finds the lease gone
+            // (409), which is harmless.
+            let after_keep = first.sent >= kept_from;
+            if let Some(expires) =
+                expires.filter(|e| !after_keep && first.sent + IN_WINDOW > *e + excused)
+            {
                 out.push(format!(
                     "renewal after its window: client {}'s guard on {} (fence {fence}) sent a \
                      renewal at {:?}, {:?} before the lease's expiry",
@@ -245,11 +255,18 @@ pub(super) fn schedule(run: &Run<'_>, out: &mut Vec<String>) {
             continue;
         }
         let latest = latest_renewal(sent, heard, ttl, run.clock_rate) + STOPPED_SLACK;
+        // A later acquire under the same token (a recovery) starts a
+        // lease timing of its own: a belief begun after it was sent is its.
+        let next_acquire = attempts[i + 1..]
+            .iter()
+            .find(|a| a.token.as_deref() == Some(token) && a.operation == Operation::Acquire)
+            .map_or(Duration::MAX, |a| a.sent);
         let stopped = run.beliefs.iter().find(|b| {
             b.client == grant.client
                 && b.key == grant.key
                 && b.fence == fence
                 && b.from <= latest
+                && b.from < next_acquire
                 && b.to > latest
         });
         let Some(b) = stopped else { continue };

@@ -91,6 +91,10 @@ impl Ctx {
                 Ok::<_, volcano::Error>(())
             })
             .await;
+        self.log.push(Event::RunReturned {
+            client: self.id,
+            key: key.to_owned(),
+        });
         woken.await;
         if *status.borrow() != LeaderStatus::Stopped {
             self.broken(format!(

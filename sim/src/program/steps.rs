@@ -6,12 +6,15 @@
 //! The `try_with_lock` scope (a minimum hold, a takeover, bad input) is in
 //! `steps/try_scope.rs`.
 
+mod permits;
 mod try_scope;
 
 use std::time::Duration;
 
 use super::ctx::Ctx;
-use super::op::{max_hold_for, one_in, poll_for, timeout_for, uuid_from, wait_for, Op};
+use super::op::{
+    max_hold_for, min_hold_for, one_in, poll_for, timeout_for, uuid_from, wait_for, Op,
+};
 use crate::log::Event;
 use volcano::AcquireOptions;
 
@@ -52,8 +55,32 @@ impl Ctx {
         work: Duration,
         coin: u64,
     ) {
-        match self.shaped_hold(key, ttl, wait, coin).await {
-            Ok(held) => self.use_held(held, work, coin).await,
+        // A quarter of them keep the lock for a minimum (a hold's own
+        // `min_hold`), then `release()` (kept by the service) or
+        // `release_now()`.
+        // Those that end on a renewal held on its way
+        // ([`Ctx::end_on_a_held_renewal`], the same bit) keep 10 s more:
+        // the renewal's window then closes before the minimum's end.
+        let min_hold = min_hold_for(coin)
+            .filter(|_| one_in(coin >> 52, 2))
+            .map(|min| {
+                if one_in(coin >> 46, 2) {
+                    min + Duration::from_secs(10)
+                } else {
+                    min
+                }
+            });
+        match self.shaped_hold(key, ttl, wait, coin, min_hold).await {
+            Ok(held) => match min_hold {
+                Some(min) => {
+                    let began = self.clock.now();
+                    let ended = self.believe(&held);
+                    self.work(&[&*held], work).await;
+                    self.let_go_after(held, min, began, coin).await;
+                    ended.await;
+                }
+                None => self.use_held(held, work, coin).await,
+            },
             Err(err) => self.failed(&format!("hold {key}"), &err),
         }
     }
@@ -79,36 +106,6 @@ impl Ctx {
             tokio::join!(first, self.behind(key, ttl, wait + work, coin));
         } else {
             first.await;
-        }
-    }
-
-    /// Works under a permit of the semaphore `{key}-sem` of two permits
-    /// (the locks `{key}-sem:0` and `{key}-sem:1`), waiting for one.
-    async fn with_permit(
-        &self,
-        key: &str,
-        ttl: Duration,
-        wait: Duration,
-        work: Duration,
-        coin: u64,
-    ) {
-        let name = format!("{key}-sem");
-        let semaphore = self.locks.semaphore(name.as_str(), 2);
-        let scope = semaphore.with_permit(ttl, |guard| async move {
-            let ended = self.believe(&guard);
-            self.work(&[&guard], work).await;
-            Ok::<_, volcano::Error>(ended)
-        });
-        self.log.push(Event::PermitWait {
-            client: self.id,
-            name: name.clone(),
-            until: turmoil::sim_elapsed().unwrap_or_default() + wait,
-        });
-        let outcome = scope.wait(wait).poll_interval(poll_for(coin)).await;
-        self.log.push(Event::PermitWaitEnded { client: self.id });
-        match outcome {
-            Ok(ended) => ended.await,
-            Err(err) => self.failed(&format!("with_permit {name}"), &err),
         }
     }
 
@@ -188,14 +185,18 @@ impl Ctx {
         ttl: Duration,
         wait: Duration,
         coin: u64,
+        min_hold: Option<Duration>,
     ) -> volcano::Result<volcano::HeldLock> {
         let mut hold = self
             .locks
             .hold(key, ttl)
             .wait(wait)
             .poll_interval(poll_for(coin));
-        if one_in(coin, 5) {
-            hold = hold.max_hold(max_hold_for(coin));
+        match min_hold {
+            // A minimum is at most the cap: none with it.
+            Some(min) => hold = hold.min_hold(min),
+            None if one_in(coin, 5) => hold = hold.max_hold(max_hold_for(coin)),
+            None => {}
         }
         if one_in(coin, 7) {
             hold = hold.timeout(timeout_for(coin));

@@ -280,9 +280,18 @@ impl Holding {
                 (one, other) => one.or(other),
             };
             if let Some((land_by, ttl)) = late {
-                let kept_until =
-                    tokio::time::Instant::now() + until.saturating_sub(state.clock.now());
-                release::kept_sweep(&self.locks, lease, land_by, ttl, kept_until, late_acquire);
+                let now = state.clock.now();
+                let kept_until = tokio::time::Instant::now() + until.saturating_sub(now);
+                let live_until = tokio::time::Instant::now() + state.deadline().saturating_sub(now);
+                release::kept_sweep(
+                    &self.locks,
+                    lease,
+                    land_by,
+                    ttl,
+                    kept_until,
+                    live_until,
+                    late_acquire,
+                );
             }
             match &kept {
                 Ok(()) => {

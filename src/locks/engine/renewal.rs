@@ -120,7 +120,8 @@ async fn send(
         timeout: Some(timeout),
     };
     let result = requests::renew(locks, lease, ttl, &options).await;
-    state.renewal_answered(result.as_ref().is_err_and(Error::may_land_late));
+    let timed_out = matches!(&result, Err(Error::Transport(t)) if t.is_timeout());
+    state.renewal_answered(result.as_ref().is_err_and(Error::may_land_late), timed_out);
     result
 }
 

@@ -354,6 +354,9 @@ async fn round(
     // Stable: permits this client just freed first, then among permits
     // seen held equally long ago, the spread's order.
     order.sort_by_key(|&i| (!freed.contains(&i), memory.seen_held[i as usize]));
+    if sabotaged!(SemaphoreTriesRecentFirst) {
+        order.sort_by_key(|&i| std::cmp::Reverse(memory.seen_held[i as usize]));
+    }
     let mut candidates: Vec<u32> = order.into_iter().take(per_round).collect();
     if sabotaged!(SemaphoreExtraPermit) {
         // The planted bug: a permit past the count, as if one were free.

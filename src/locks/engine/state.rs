@@ -75,10 +75,18 @@ struct Current {
 /// When renewal requests of a hold may still land ([`State::renewal_sent`]).
 #[derive(Default, Clone, Copy)]
 struct LateRenewals {
-    /// The latest moment an answered renewal may still land.
+    /// The latest moment an answered or abandoned renewal may still land.
     answered: Option<tokio::time::Instant>,
-    /// The renewal in flight: it may land until then.
-    in_flight: Option<tokio::time::Instant>,
+    /// The timeout of the renewal in flight.
+    in_flight: Option<Duration>,
+}
+
+impl LateRenewals {
+    fn may_land_until(&mut self, by: tokio::time::Instant) {
+        if !sabotaged!(LateRenewalForgotten) {
+            self.answered = Some(self.answered.map_or(by, |was| was.max(by)));
+        }
+    }
 }
 
 /// A hold's cap: the lease-clock reading at which it ends, and the lock
@@ -266,35 +274,32 @@ impl State {
 
     /// Records that a renewal is being sent.
     /// A renewal sent now with `timeout`: until it is answered
-    /// ([`renewal_answered`](Self::renewal_answered)) it may land until the
-    /// timeout and the late margin have passed, even if its task is
-    /// stopped before the answer.
+    /// ([`renewal_answered`](Self::renewal_answered)) it may be applied as
+    /// late as its timeout and the late margin after it went out; if its
+    /// task is stopped before the answer, after the moment it was given up.
     pub(crate) fn renewal_sent(&self, timeout: Duration) {
         let mut current = self.current();
         current.renewal_tried = true;
         let renewals = &mut current.renewals;
         // One still in flight was abandoned unanswered (its task stopped):
-        // it may land until its own time.
-        if let Some(abandoned) = renewals.in_flight.replace(late_by(timeout)) {
-            if !sabotaged!(LateRenewalForgotten) {
-                renewals.answered = Some(
-                    renewals
-                        .answered
-                        .map_or(abandoned, |was| was.max(abandoned)),
-                );
-            }
+        // it went out before now, so it may land until now plus its
+        // timeout and the margin.
+        if let Some(abandoned) = renewals.in_flight.replace(timeout) {
+            renewals.may_land_until(late_by(abandoned));
         }
     }
 
-    /// The renewal in flight was answered: `may_land_late` when the answer
-    /// does not prove the service handled it (no answer, a gateway's).
-    pub(crate) fn renewal_answered(&self, may_land_late: bool) {
+    /// The renewal in flight was answered: `late` when the answer does not
+    /// prove the service handled it (`timed_out`: its timeout ran out, so
+    /// it may land until the margin has passed; else a gateway's answer or
+    /// a broken connection, until its timeout and the margin have).
+    pub(crate) fn renewal_answered(&self, late: bool, timed_out: bool) {
         let mut current = self.current();
         let renewals = &mut current.renewals;
-        if let Some(by) = renewals.in_flight.take() {
-            if may_land_late && !sabotaged!(LateRenewalForgotten) {
-                let by = by.max(late_by(Duration::ZERO));
-                renewals.answered = Some(renewals.answered.map_or(by, |was| was.max(by)));
+        if let Some(timeout) = renewals.in_flight.take() {
+            if late {
+                let left = if timed_out { Duration::ZERO } else { timeout };
+                renewals.may_land_until(late_by(left));
             }
         }
     }
@@ -303,7 +308,8 @@ impl State {
     /// (`None`: none can any more).
     pub(crate) fn renewals_land_by(&self) -> Option<tokio::time::Instant> {
         let renewals = self.current().renewals;
-        let by = renewals.answered.max(renewals.in_flight)?;
+        let in_flight = renewals.in_flight.map(late_by);
+        let by = renewals.answered.max(in_flight)?;
         (by > tokio::time::Instant::now()).then_some(by)
     }
 
@@ -422,8 +428,8 @@ impl State {
     }
 }
 
-/// When a request sent now, or answered now without proof it was
-/// handled, may land at the latest: its `timeout` and the late margin on.
+/// When a request may land at the latest, `timeout` (what is left of its
+/// own) and the late margin from now.
 fn late_by(timeout: Duration) -> tokio::time::Instant {
     let now = tokio::time::Instant::now();
     let late = timeout.saturating_add(crate::retry::LATE_TRY_MARGIN);

@@ -22,6 +22,8 @@ impl Ctx {
     pub(super) async fn try_with_lock(&self, key: &str, ttl: Duration, work: Duration, coin: u64) {
         let min_hold = min_hold_for(coin);
         let capped = min_hold.is_some() && one_in(coin >> 25, 4);
+        // A capped minimum's cap: the minimum itself, or up to 3 s more.
+        let cap = min_hold.map(|min| min + Duration::from_millis(1_500 * ((coin >> 61) % 3)));
         let began = std::sync::Mutex::new(None);
         let began = &began;
         // The guard, if the closure returned with its lock not lost; told
@@ -31,6 +33,9 @@ impl Ctx {
             *crate::lock(began) = Some(self.clock.now());
             let ended = self.believe(&guard);
             self.work(&[&guard], work).await;
+            if min_hold.is_some() && one_in(coin >> 46, 2) {
+                self.end_on_a_held_renewal(key, ttl, coin).await;
+            }
             let began = (*crate::lock(began)).unwrap_or_default();
             if let Some(min) = min_hold.filter(|_| !guard.is_lost()) {
                 let left = (began + min).saturating_sub(self.clock.now());
@@ -42,6 +47,18 @@ impl Ctx {
                         left,
                         capped,
                     });
+                    if let Some(cap) = cap.filter(|_| capped) {
+                        // The cap counts from the hand-over, before the
+                        // closure began: this end is no earlier than it.
+                        let now = turmoil::sim_elapsed().unwrap_or_default();
+                        let on_host = self.clock.now().saturating_sub(began);
+                        self.log.push(Event::KeepCapped {
+                            client: self.id,
+                            key: key.to_owned(),
+                            fence: guard.lease().fencing_token(),
+                            cap_until: now.saturating_sub(on_host) + cap,
+                        });
+                    }
                 }
             }
             returned.send_replace(Some((!guard.is_lost()).then(|| guard.clone())));
@@ -49,10 +66,10 @@ impl Ctx {
         });
         // A quarter of the minimum holds are also the cap: a minimum as
         // long as the cap is valid.
-        let scope = match min_hold {
-            Some(min) if capped => scope.min_hold(min).max_hold(min),
-            Some(min) => scope.min_hold(min),
-            None => scope,
+        let scope = match (min_hold, cap) {
+            (Some(min), Some(cap)) if capped => scope.min_hold(min).max_hold(cap),
+            (Some(min), _) => scope.min_hold(min),
+            (None, _) => scope,
         };
         if one_in(coin >> 23, 4) {
             self.refuses_bad_input(key, ttl).await;

@@ -47,103 +47,260 @@ pub(crate) fn sweep(locks: &Locks, lease: LockLease, land_by: Instant, ttl: Dura
     );
 }
 
+/// How often a kept minimum's expiry is put back while a late request may
+/// still land: one landing sets the expiry at least the shortest lease
+/// (5 s) from then, so a renewal back within 3 s arrives before a shortened
+/// lease lapses.
+const REASSERT: Duration = Duration::from_secs(3);
+
+/// The timeout of each renewal back: short, so that one left unanswered
+/// extends the window only a little.
+const BACK_TIMEOUT: Duration = Duration::from_secs(3);
+
 /// A lease handed to the service for a minimum hold (kept until
 /// `kept_until`, not released) while a request may still land (`land_by`):
 /// a try of the acquisition that granted it (`acquire_late`: a generated
 /// token's acquire, applied with the same token, takes the key again for
 /// its own ttl), or a renewal abandoned in flight or answered by no one
-/// but a gateway (it sets the expiry a whole ttl from when it lands).
+/// but a gateway. Either sets the expiry its own ttl from when it lands:
+/// later than the minimum's end, or sooner.
 ///
-/// - The minimum ends before that window closes: released at the
-///   minimum's end (a renewal landing later finds no lease; a late
-///   acquire is released again once none can land).
-/// - It ends after: once nothing can land, one renewal back to the
-///   minimum's end (a few tries; if none is answered, a release: the
-///   minimum ends early rather than last a late request's ttl).
+/// - Until the window closes (and before the minimum's end), the expiry is
+///   put back to the minimum's end every [`REASSERT`], and once more when
+///   the window has closed: a late request that shortened it is undone
+///   before the lease lapses, one that stretched it is cut back.
+/// - At the minimum's end with the window still open, released (a renewal
+///   landing later finds no lease; a late acquire is released again once
+///   none can land).
+/// - A renewal back that the service cannot be brought to answer, or a
+///   lease as last measured (`live_until`) that can no longer be renewed:
+///   left until the release at the minimum's end.
 pub(crate) fn kept_sweep(
     locks: &Locks,
     lease: LockLease,
     land_by: Instant,
     ttl: Duration,
     kept_until: Instant,
+    live_until: Instant,
     acquire_late: bool,
 ) {
     let live_for = land_by
+        .max(kept_until)
         .saturating_duration_since(Instant::now())
         .saturating_add(ttl);
-    let why = "put a kept minimum right once a late request can no longer land";
     spawn(
         locks,
         lease,
         live_for,
         move |task_locks, lease, superseded| {
-            Box::pin(async move {
-                let mut stopped = superseded.clone();
-                tokio::select! {
-                    biased;
-                    _ = stopped.wait_for(|s| *s) => return Settled::MayBeHeld,
-                    () = tokio::time::sleep_until(land_by.min(kept_until)) => {}
-                }
-                if kept_until < land_by {
-                    // The minimum's end: let go now.
-                    let until_landed = land_by.saturating_duration_since(Instant::now());
-                    let first = Persistence::background(&task_locks, until_landed);
-                    let first =
-                        confirmed(&task_locks, &lease, first, Some(superseded.clone())).await;
-                    if !acquire_late || matches!(first, Ok(Ended::Superseded)) {
-                        return settled(first, &lease, why);
-                    }
-                    tokio::select! {
-                        biased;
-                        _ = stopped.wait_for(|s| *s) => return Settled::MayBeHeld,
-                        () = tokio::time::sleep_until(land_by) => {}
-                    }
-                    let last = Persistence::background(&task_locks, ttl);
-                    let ended = confirmed(&task_locks, &lease, last, Some(superseded)).await;
-                    return settled(ended, &lease, why);
-                }
-                let pauses = if sabotaged!(KeptSweepReleases) {
-                    &[][..]
-                } else {
-                    &[
-                        Duration::from_secs(1),
-                        Duration::from_secs(2),
-                        Duration::ZERO,
-                    ][..]
-                };
-                for &pause in pauses {
-                    let left = kept_until.saturating_duration_since(Instant::now());
-                    if left.is_zero() {
-                        break;
-                    }
-                    let back = crate::validate::ttl_covering(left);
-                    let renewed =
-                        super::requests::renew(&task_locks, &lease, back, &Default::default())
-                            .await;
-                    match renewed {
-                        // Kept until the minimum's end, as before; or
-                        // another's by now: nothing of ours left.
-                        Ok(_) | Err(Error::Conflict(_)) => return Settled::Freed,
-                        Err(err) if crate::retry::worth_another_attempt(&err) => {
-                            tokio::time::sleep(pause).await;
-                        }
-                        Err(err) => {
-                            tracing::warn!(
-                                key = lease.key(),
-                                why,
-                                error = %crate::error::chain(&err),
-                                "the kept minimum may last a late request's ttl"
-                            );
-                            return Settled::MayBeHeld;
-                        }
-                    }
-                }
-                let last = Persistence::background(&task_locks, ttl);
-                let ended = confirmed(&task_locks, &lease, last, Some(superseded)).await;
-                settled(ended, &lease, why)
-            })
+            let kept = Kept {
+                locks: task_locks,
+                lease,
+                superseded,
+                land_by,
+                ttl,
+                kept_until,
+                live_until,
+                acquire_late,
+            };
+            Box::pin(kept.put_right())
         },
     );
+}
+
+/// A kept minimum being put right ([`kept_sweep`]).
+struct Kept {
+    locks: Locks,
+    lease: LockLease,
+    superseded: tokio::sync::watch::Receiver<bool>,
+    land_by: Instant,
+    ttl: Duration,
+    kept_until: Instant,
+    live_until: Instant,
+    acquire_late: bool,
+}
+
+/// Why a kept minimum is put right, for the logs.
+const KEPT_WHY: &str = "put a kept minimum right while a late request may land";
+
+impl Kept {
+    async fn put_right(mut self) -> Settled {
+        loop {
+            let now = Instant::now();
+            if now >= self.kept_until {
+                return self.release_at_the_end().await;
+            }
+            let wake = if now >= self.land_by {
+                now
+            } else {
+                (now + REASSERT).min(self.land_by)
+            }
+            .min(self.kept_until);
+            if !self.sleep_until(wake).await {
+                return Settled::MayBeHeld;
+            }
+            let now = Instant::now();
+            if now >= self.kept_until {
+                continue;
+            }
+            if sabotaged!(KeptSweepReleases) {
+                let last = Persistence::background(&self.locks, self.ttl);
+                let ended = confirmed(&self.locks, &self.lease, last, Some(self.superseded)).await;
+                return settled(ended, &self.lease, KEPT_WHY);
+            }
+            let window_closed = now >= self.land_by;
+            let renewable = now + crate::retry::renewal::SAFETY_MARGIN < self.live_until;
+            if !renewable {
+                // Whatever a late request made of it is released at the
+                // minimum's end.
+                if !self.sleep_until(self.kept_until).await {
+                    return Settled::MayBeHeld;
+                }
+                continue;
+            }
+            match self.renew_back().await {
+                Back::Kept if window_closed => return Settled::Freed,
+                Back::Kept => {}
+                // Another's, or lapsed: nothing of ours, unless a late
+                // acquire may still take it again.
+                Back::Gone if self.acquire_late && Instant::now() < self.land_by => {
+                    if !self.sleep_until(self.land_by).await {
+                        return Settled::MayBeHeld;
+                    }
+                    let last = Persistence::background(&self.locks, self.ttl);
+                    let ended =
+                        confirmed(&self.locks, &self.lease, last, Some(self.superseded)).await;
+                    return settled(ended, &self.lease, KEPT_WHY);
+                }
+                Back::Gone => return Settled::Freed,
+                // Released now, and again once no late acquire can land.
+                Back::Stranger => {
+                    let now = Persistence::background(&self.locks, self.ttl);
+                    let first =
+                        confirmed(&self.locks, &self.lease, now, Some(self.superseded.clone()))
+                            .await;
+                    if Instant::now() >= self.land_by || matches!(first, Ok(Ended::Superseded)) {
+                        return settled(first, &self.lease, KEPT_WHY);
+                    }
+                    if !self.sleep_until(self.land_by).await {
+                        return Settled::MayBeHeld;
+                    }
+                    let last = Persistence::background(&self.locks, self.ttl);
+                    let ended =
+                        confirmed(&self.locks, &self.lease, last, Some(self.superseded)).await;
+                    return settled(ended, &self.lease, KEPT_WHY);
+                }
+                Back::Refused => return Settled::MayBeHeld,
+                // Unanswered: it may land late too; left until the minimum's
+                // end, where it is released.
+                Back::Unanswered => {
+                    self.live_until = Instant::now();
+                }
+            }
+        }
+    }
+
+    /// Sleeps until `at`; false if an acquire with the same token (a caller
+    /// recovering its lease) superseded this first.
+    async fn sleep_until(&mut self, at: Instant) -> bool {
+        tokio::select! {
+            biased;
+            _ = self.superseded.wait_for(|s| *s) => false,
+            () = tokio::time::sleep_until(at) => true,
+        }
+    }
+
+    /// A renewal back to the minimum's end (retried twice on a transient
+    /// failure).
+    async fn renew_back(&mut self) -> Back {
+        let options = crate::locks::RequestOptions {
+            timeout: Some(BACK_TIMEOUT),
+            ..Default::default()
+        };
+        for pause in [
+            Duration::from_secs(1),
+            Duration::from_secs(2),
+            Duration::ZERO,
+        ] {
+            let left = self.kept_until.saturating_duration_since(Instant::now());
+            if left.is_zero() {
+                return Back::Unanswered;
+            }
+            let back = crate::validate::ttl_covering(left);
+            let sent = Instant::now();
+            match super::requests::renew(&self.locks, &self.lease, back, &options).await {
+                // A late acquire took the key again after the kept lease
+                // was gone (force-released, say): a lease nobody's work
+                // holds, not the minimum's.
+                Ok(renewed) if renewed.lease.fencing_token() != self.lease.fencing_token() => {
+                    return Back::Stranger;
+                }
+                Ok(_) => {
+                    self.live_until = sent + back;
+                    return Back::Kept;
+                }
+                Err(Error::Conflict(_)) => return Back::Gone,
+                Err(err) if crate::retry::worth_another_attempt(&err) => {
+                    if err.may_land_late() {
+                        let by = sent + BACK_TIMEOUT + crate::retry::LATE_TRY_MARGIN;
+                        self.land_by = self.land_by.max(by);
+                    }
+                    tokio::time::sleep(pause).await;
+                }
+                Err(err) => {
+                    tracing::warn!(
+                        key = self.lease.key(),
+                        why = KEPT_WHY,
+                        error = %crate::error::chain(&err),
+                        "the kept minimum may last a late request's ttl"
+                    );
+                    return Back::Refused;
+                }
+            }
+        }
+        Back::Unanswered
+    }
+
+    /// At the minimum's end, the window still open: released (and again
+    /// once a late acquire can no longer land).
+    async fn release_at_the_end(mut self) -> Settled {
+        let until_landed = self.land_by.saturating_duration_since(Instant::now());
+        let first = Persistence::background(&self.locks, until_landed.max(self.ttl));
+        let first = confirmed(
+            &self.locks,
+            &self.lease,
+            first,
+            Some(self.superseded.clone()),
+        )
+        .await;
+        if !self.acquire_late
+            || self.land_by <= Instant::now()
+            || matches!(first, Ok(Ended::Superseded))
+        {
+            return settled(first, &self.lease, KEPT_WHY);
+        }
+        if !self.sleep_until(self.land_by).await {
+            return Settled::MayBeHeld;
+        }
+        let last = Persistence::background(&self.locks, self.ttl);
+        let ended = confirmed(&self.locks, &self.lease, last, Some(self.superseded)).await;
+        settled(ended, &self.lease, KEPT_WHY)
+    }
+}
+
+/// How a renewal back to the minimum's end went.
+enum Back {
+    /// The expiry is the minimum's end again.
+    Kept,
+    /// The lease is another's, or lapsed.
+    Gone,
+    /// The token holds a lease a late acquire took after the kept one was
+    /// gone.
+    Stranger,
+    /// Refused for good (a revoked key, say).
+    Refused,
+    /// No answer came after the tries.
+    Unanswered,
 }
 
 fn until_no_try_lands(

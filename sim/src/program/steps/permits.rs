@@ -1,0 +1,288 @@
+//! Semaphores (`locks.semaphore`): a scope under a permit that waits for
+//! one (`with_permit`), a try that does not wait (`try_with_permit`) on a
+//! semaphore some of whose permits are taken by hand, as other processes
+//! would take them, and a permit's own `acquire` with a minimum hold. And
+//! how a held lock with a minimum is let go of ([`Ctx::let_go_after`]),
+//! shared with `hold(..).min_hold(..)`.
+
+use std::time::Duration;
+
+use crate::log::Event;
+use crate::program::ctx::Ctx;
+use crate::program::op::{one_in, poll_for};
+use volcano::{HeldLock, LostReason};
+
+impl Ctx {
+    /// Works under a permit: half the time in a `with_permit` scope on
+    /// `{key}-sem` (two permits) that waits for one; a quarter a try on
+    /// `{key}-sem3` (three permits) that does not wait; a quarter a
+    /// permit's `acquire` on `{key}-sem` with a minimum hold.
+    pub(super) async fn with_permit(
+        &self,
+        key: &str,
+        ttl: Duration,
+        wait: Duration,
+        work: Duration,
+        coin: u64,
+    ) {
+        match (coin >> 54) % 4 {
+            0 => self.try_permit(key, ttl, work, coin).await,
+            1 => self.permit_with_minimum(key, ttl, wait, work, coin).await,
+            2 if one_in(coin >> 56, 2) => self.permit_rotation(key, ttl, coin).await,
+            _ => self.permit_scope(key, ttl, wait, work, coin).await,
+        }
+    }
+
+    /// Logs the start of a wait for a permit of `name`, until `wait` from
+    /// now.
+    fn permit_wait(&self, name: &str, wait: Duration, coin: u64) {
+        self.log.push(Event::PermitWait {
+            client: self.id,
+            name: name.to_owned(),
+            until: turmoil::sim_elapsed().unwrap_or_default() + wait,
+            poll: poll_for(coin),
+            permits: 2,
+        });
+    }
+
+    /// Logs the end of a wait for a permit.
+    fn permit_wait_ended<T>(&self, outcome: &volcano::Result<T>) {
+        self.log.push(Event::PermitWaitEnded {
+            client: self.id,
+            held: outcome.as_ref().is_err_and(volcano::Error::is_lock_held),
+        });
+    }
+
+    /// Works in a `with_permit` scope of `{key}-sem`, waiting for a permit.
+    async fn permit_scope(
+        &self,
+        key: &str,
+        ttl: Duration,
+        wait: Duration,
+        work: Duration,
+        coin: u64,
+    ) {
+        let name = format!("{key}-sem");
+        let semaphore = self.locks.semaphore(name.as_str(), 2);
+        let scope = semaphore.with_permit(ttl, |guard| async move {
+            let ended = self.believe(&guard);
+            self.work(&[&guard], work).await;
+            Ok::<_, volcano::Error>(ended)
+        });
+        self.permit_wait(&name, wait, coin);
+        let outcome = scope.wait(wait).poll_interval(poll_for(coin)).await;
+        self.permit_wait_ended(&outcome);
+        match outcome {
+            Ok(ended) => ended.await,
+            Err(err) => self.failed(&format!("with_permit {name}"), &err),
+        }
+    }
+
+    /// A wait for a permit of `{key}-sem` while this program holds both
+    /// by hand (plain acquires of their keys), polling every 0.5 s; 2 s to
+    /// 4 s in, one of them is released: the wait must find it, however its
+    /// rounds rotate.
+    async fn permit_rotation(&self, key: &str, ttl: Duration, coin: u64) {
+        let name = format!("{key}-sem");
+        let semaphore = self.locks.semaphore(name.as_str(), 2);
+        let mut by_hand = Vec::new();
+        for i in 0..2 {
+            let permit = semaphore.permit_key(i);
+            match self.locks.acquire(&permit, ttl).await {
+                Ok(lease) => {
+                    self.log.push(Event::Leased {
+                        client: self.id,
+                        key: permit,
+                        fence: lease.fencing_token(),
+                    });
+                    by_hand.push(lease);
+                }
+                Err(err) => self.note(format!("acquire {permit} by hand: {err}")),
+            }
+        }
+        let (wait, poll) = (Duration::from_secs(20), Duration::from_millis(500));
+        self.log.push(Event::PermitWait {
+            client: self.id,
+            name: name.clone(),
+            until: turmoil::sim_elapsed().unwrap_or_default() + wait,
+            poll,
+            permits: 2,
+        });
+        let freed_after = Duration::from_millis(2_000 + (coin >> 57) % 2_000);
+        let which = ((coin >> 59) % 2) as usize;
+        let freed = (by_hand.len() == 2).then(|| by_hand.remove(which));
+        let waiting = semaphore.acquire(ttl).wait(wait).poll_interval(poll).send();
+        let freeing = async {
+            let Some(lease) = freed else { return };
+            tokio::time::sleep(freed_after).await;
+            let permit = lease.key().to_owned();
+            let released = self.locks.release(&lease).await;
+            if released.is_err() {
+                self.kept(&permit, Some(lease.fencing_token()));
+            }
+            self.released(&permit, released);
+        };
+        let (acquired, ()) = tokio::join!(waiting, freeing);
+        self.permit_wait_ended(&acquired);
+        match acquired {
+            Ok(held) => {
+                let ended = self.believe(&held);
+                self.work(&[&*held], Duration::from_millis(300)).await;
+                let permit = held.key().to_owned();
+                self.released(&permit, held.release().await);
+                ended.await;
+            }
+            Err(err) => self.failed(&format!("acquire a permit of {name}"), &err),
+        }
+        for lease in by_hand {
+            let permit = lease.key().to_owned();
+            let released = self.locks.release(&lease).await;
+            if released.is_err() {
+                self.kept(&permit, Some(lease.fencing_token()));
+            }
+            self.released(&permit, released);
+        }
+    }
+
+    /// A `try_with_permit` on `{key}-sem3`, which must say "every permit
+    /// taken" only when it saw each one held. Half the time two of its
+    /// permits are first taken by hand (plain acquires of their keys, as
+    /// other processes would hold them, unknown to this client's memory of
+    /// the semaphore): the try must find the third.
+    async fn try_permit(&self, key: &str, ttl: Duration, work: Duration, coin: u64) {
+        let name = format!("{key}-sem3");
+        let semaphore = self.locks.semaphore(name.as_str(), 3);
+        let mut by_hand = Vec::new();
+        if one_in(coin >> 56, 2) {
+            let spare = (coin >> 57) % 3;
+            for i in (0..3).filter(|&i| i != spare) {
+                let permit = semaphore.permit_key(i as u32);
+                match self.locks.acquire(&permit, ttl).await {
+                    Ok(lease) => {
+                        self.log.push(Event::Leased {
+                            client: self.id,
+                            key: permit,
+                            fence: lease.fencing_token(),
+                        });
+                        by_hand.push(lease);
+                    }
+                    Err(err) => self.note(format!("acquire {permit} by hand: {err}")),
+                }
+            }
+        }
+        let began = turmoil::sim_elapsed().unwrap_or_default();
+        let tried = semaphore
+            .try_with_permit(ttl, |guard| async move {
+                let ended = self.believe(&guard);
+                self.work(&[&guard], work).await;
+                Ok::<_, volcano::Error>(ended)
+            })
+            .await;
+        self.log.push(Event::PermitTry {
+            client: self.id,
+            name: name.clone(),
+            permits: 3,
+            began,
+            all_taken: matches!(tried, Ok(None)),
+        });
+        match tried {
+            Ok(Some(ended)) => ended.await,
+            Ok(None) => self.note(format!("try_with_permit {name}: every permit taken")),
+            Err(err) => self.failed(&format!("try_with_permit {name}"), &err),
+        }
+        for lease in by_hand {
+            let permit = lease.key().to_owned();
+            let released = self.locks.release(&lease).await;
+            if released.is_err() {
+                self.kept(&permit, Some(lease.fencing_token()));
+            }
+            self.released(&permit, released);
+        }
+    }
+
+    /// A permit of `{key}-sem` by its own `acquire`, waiting for one, with
+    /// a minimum hold: used, then let go of ([`Ctx::let_go_after`]).
+    async fn permit_with_minimum(
+        &self,
+        key: &str,
+        ttl: Duration,
+        wait: Duration,
+        work: Duration,
+        coin: u64,
+    ) {
+        let name = format!("{key}-sem");
+        let semaphore = self.locks.semaphore(name.as_str(), 2);
+        let min = Duration::from_millis(1_000 + (coin >> 44) % 8_000);
+        self.permit_wait(&name, wait, coin);
+        let acquired = semaphore
+            .acquire(ttl)
+            .wait(wait)
+            .poll_interval(poll_for(coin))
+            .min_hold(min)
+            .await;
+        self.permit_wait_ended(&acquired);
+        let held = match acquired {
+            Ok(held) => held,
+            Err(err) => return self.failed(&format!("acquire a permit of {name}"), &err),
+        };
+        let began = self.clock.now();
+        let ended = self.believe(&held);
+        self.work(&[&*held], work).await;
+        self.let_go_after(held, min, began, coin).await;
+        ended.await;
+    }
+
+    /// Lets go of a lock held with a minimum hold of `min` since `began`
+    /// (its host's clock): a third of the time `release_now()` (released
+    /// at once, nothing kept); else `release()`, which hands what is left
+    /// of the minimum to the service (logged as a scope's minimum is, for
+    /// the same checks).
+    pub(super) async fn let_go_after(
+        &self,
+        held: HeldLock,
+        min: Duration,
+        began: Duration,
+        coin: u64,
+    ) {
+        let key = held.key().to_owned();
+        if one_in(coin >> 60, 3) {
+            let released = held.release_now().await;
+            return self.released(&key, released);
+        }
+        let guard = (*held).clone();
+        if one_in(coin >> 46, 2) {
+            self.end_on_a_held_renewal(&key, guard.ttl(), coin).await;
+        }
+        let fence = guard.lease().fencing_token();
+        let left = (began + min).saturating_sub(self.clock.now());
+        let asked = !left.is_zero() && !guard.is_lost();
+        if asked {
+            self.log.push(Event::MinimumAsked {
+                client: self.id,
+                key: key.clone(),
+                fence,
+                left,
+                capped: false,
+            });
+        }
+        let released = held.release().await;
+        if !asked {
+            return self.released(&key, released);
+        }
+        let kept = released.is_ok()
+            && guard
+                .failure()
+                .is_some_and(|lost| lost.reason() == LostReason::Released);
+        self.log.push(Event::MinimumEnded {
+            client: self.id,
+            key: key.clone(),
+            fence,
+            kept,
+        });
+        match released {
+            // Kept by the service, not released.
+            Ok(()) => self.note(format!("release of {key}: kept for its minimum")),
+            Err(err) => self.note(format!("release of {key}: {err}")),
+        }
+    }
+}
