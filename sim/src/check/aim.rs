@@ -257,3 +257,17 @@ pub(super) fn looks_at_the_takeover(run: &Run<'_>, out: &mut Vec<String>) {
         }
     }
 }
+
+/// Whether a 429 to any request of `client`, answered by `by`, asked for
+/// quiet until `from` or later.
+pub(super) fn quiet_from(run: &Run<'_>, client: usize, from: Duration, by: Duration) -> bool {
+    run.server.sent.attempts.iter().any(|q| {
+        q.client == client
+            && q.answer.as_ref().is_some_and(|o| {
+                o.status == 429
+                    && o.at <= by
+                    && o.at + o.retry_after.unwrap_or_default() + super::cadence::PAUSE_SLACK
+                        >= from
+            })
+    })
+}

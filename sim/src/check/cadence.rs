@@ -187,7 +187,7 @@ pub(super) fn freed_between(
 
 /// How much later than its pause allows a waiter's next request may go
 /// out: a tick or two of the simulation, and the answer's processing.
-const PAUSE_SLACK: Duration = Duration::from_millis(150);
+pub(super) const PAUSE_SLACK: Duration = Duration::from_millis(150);
 
 /// A waiting acquire keeps trying, and never in a tight loop. While it
 /// waits (until its deadline, or until it is granted the key, fails or
@@ -257,16 +257,7 @@ pub(super) fn waiters(run: &Run<'_>, out: &mut Vec<String>) {
             if free_seen && a.operation == Operation::Acquire {
                 // Not while a 429 to any request of its client (a
                 // background release, say) asks for quiet.
-                let quiet = |h: &Duration| {
-                    run.server.sent.attempts.iter().any(|q| {
-                        q.client == client
-                            && q.answer.as_ref().is_some_and(|o| {
-                                o.status == 429
-                                    && o.at <= a.sent
-                                    && o.at + o.retry_after.unwrap_or_default() + PAUSE_SLACK >= *h
-                            })
-                    })
-                };
+                let quiet = |h: &Duration| super::aim::quiet_from(run, client, *h, a.sent);
                 if let Some(heard) =
                     heard.filter(|h| a.sent > *h + IMMEDIATE + PAUSE_SLACK && !quiet(h))
                 {

@@ -43,9 +43,9 @@ pub(super) struct Ctx {
     ttl_ms: AtomicU64,
     /// The server, for the faults a program plants on its own requests
     /// ([`Ctx::end_on_a_held_renewal`]).
-    server: Arc<Mutex<Option<volcano_mock_server::MockServer>>>,
+    pub(super) server: Arc<Mutex<Option<volcano_mock_server::MockServer>>>,
     /// Counts the lock requests this client has sent.
-    requests: tokio::sync::watch::Receiver<u64>,
+    pub(super) requests: tokio::sync::watch::Receiver<u64>,
 }
 
 impl Ctx {
@@ -67,36 +67,6 @@ impl Ctx {
             ttl_ms: Default::default(),
             server,
             requests,
-        }
-    }
-
-    /// Ends a job the moment its next renewal goes out (within `ttl`),
-    /// with that renewal held on its way for 0.5 s to 8 s and applied then:
-    /// after the keep of a minimum, or the release, that follows at once.
-    /// A renewal cannot bring a released lease back; a kept one it would
-    /// stretch (or cut short) unless the SDK puts it right.
-    pub(super) async fn end_on_a_held_renewal(&self, key: &str, ttl: Duration, coin: u64) {
-        let held = Duration::from_millis(500 + (coin >> 47) % 7_500);
-        if let Some(mock) = crate::lock(&self.server).as_ref() {
-            mock.inject(
-                volcano_mock_server::Fault::delay(held)
-                    .on(volcano_mock_server::Operation::Renew)
-                    .key(key)
-                    .times(1),
-            );
-        }
-        self.log.push(Event::Fault {
-            what: format!("late-renewal-at-job-end held {held:?}, of {key}"),
-        });
-        let mut requests = self.requests.clone();
-        let next = *requests.borrow_and_update() + 1;
-        let sent = tokio::time::timeout(ttl, async {
-            requests.wait_for(|n| *n >= next).await.is_ok()
-        })
-        .await;
-        if sent == Ok(true) {
-            // Until it has reached the server, which holds it.
-            tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }
 

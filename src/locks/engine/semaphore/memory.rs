@@ -1,0 +1,179 @@
+//! What a client remembers of its semaphores: when it last saw each
+//! permit held, the line its waiters take turns in, and the permits it
+//! freed itself; idle ones past the most recently used are forgotten.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use tokio::time::Instant;
+
+/// Idle semaphores (no try or wait running) whose memory a client keeps,
+/// the most recently used; older ones are forgotten. What is forgotten is
+/// which permits were seen held: a try then starts from its spread.
+const KEPT_IDLE: usize = 64;
+
+/// What a client remembers of one semaphore, and the line its waiters
+/// take turns in (the lock on it: `tokio`'s mutex serves in order).
+#[derive(Debug)]
+pub(super) struct Memory {
+    /// When this client last saw each permit held (a 409, or its own
+    /// acquire); `None`: never.
+    pub(super) seen_held: Vec<Option<Instant>>,
+}
+
+impl Memory {
+    pub(super) fn new(permits: u32) -> Self {
+        Memory {
+            seen_held: vec![None; permits as usize],
+        }
+    }
+}
+
+/// One semaphore of a client: what it remembers behind its waiters' line,
+/// and the permits it freed itself since its first waiter last tried.
+#[derive(Debug)]
+pub(super) struct Entry {
+    pub(super) line: tokio::sync::Mutex<Memory>,
+    /// Permits this client released (or force-released) since they were
+    /// last taken into account, and a count of such releases to wake the
+    /// first waiter from its pause.
+    freed: Mutex<Vec<u32>>,
+    pub(super) woken: tokio::sync::watch::Sender<u64>,
+    /// When a try or wait last began or ended on it.
+    used: Mutex<Instant>,
+}
+
+impl Entry {
+    pub(super) fn touch(&self) {
+        *crate::lock_unpoisoned(&self.used) = Instant::now();
+    }
+
+    /// The permits this client freed since the last call, forgotten as
+    /// held (the first waiter tries them first).
+    pub(super) fn take_freed(&self, memory: &mut Memory) -> Vec<u32> {
+        let freed = std::mem::take(&mut *crate::lock_unpoisoned(&self.freed));
+        for &i in &freed {
+            if let Some(seen) = memory.seen_held.get_mut(i as usize) {
+                *seen = None;
+            }
+        }
+        freed
+    }
+}
+
+type Line = Arc<Entry>;
+
+/// The semaphores of one client: name and count → what it remembers.
+#[derive(Default)]
+pub(crate) struct Semaphores {
+    by_name: Mutex<HashMap<(String, u32), Line>>,
+}
+
+impl Semaphores {
+    pub(super) fn memory(&self, name: &str, permits: u32) -> Line {
+        let mut by_name = crate::lock_unpoisoned(&self.by_name);
+        let entry = by_name
+            .entry((name.to_owned(), permits))
+            .or_insert_with(|| {
+                Arc::new(Entry {
+                    line: tokio::sync::Mutex::new(Memory::new(permits)),
+                    freed: Mutex::new(Vec::new()),
+                    woken: tokio::sync::watch::Sender::new(0),
+                    used: Mutex::new(Instant::now()),
+                })
+            })
+            .clone();
+        entry.touch();
+        forget_idle(&mut by_name);
+        entry
+    }
+
+    /// This client freed `key`: if it is a permit of a semaphore it
+    /// remembers, its first waiter tries that permit at once.
+    pub(crate) fn freed(&self, key: &str) {
+        let Some((name, i)) = key.rsplit_once(':') else {
+            return;
+        };
+        let Ok(i) = i.parse::<u32>() else {
+            return;
+        };
+        let by_name = crate::lock_unpoisoned(&self.by_name);
+        for ((_, permits), entry) in by_name.iter().filter(|((n, p), _)| n == name && i < *p) {
+            debug_assert!(i < *permits);
+            crate::lock_unpoisoned(&entry.freed).push(i);
+            entry.woken.send_modify(|n| *n = n.wrapping_add(1));
+        }
+    }
+
+    /// How many semaphores this client remembers (for tests).
+    #[cfg(test)]
+    fn remembered(&self) -> usize {
+        crate::lock_unpoisoned(&self.by_name).len()
+    }
+}
+
+/// Forgets the idle semaphores past the [`KEPT_IDLE`] most recently used:
+/// a long-lived client that used many one-off semaphores keeps a bounded
+/// memory. An entry in use (a try or a wait holds it) is never forgotten.
+fn forget_idle(by_name: &mut HashMap<(String, u32), Line>) {
+    if by_name.len() <= KEPT_IDLE {
+        return;
+    }
+    let mut idle: Vec<((String, u32), Instant)> = by_name
+        .iter()
+        .filter(|(_, entry)| Arc::strong_count(entry) == 1)
+        .map(|(name, entry)| (name.clone(), *crate::lock_unpoisoned(&entry.used)))
+        .collect();
+    if idle.len() <= KEPT_IDLE {
+        return;
+    }
+    idle.sort_by_key(|(_, used)| std::cmp::Reverse(*used));
+    for (name, _) in idle.into_iter().skip(KEPT_IDLE) {
+        by_name.remove(&name);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn idle_semaphores_are_forgotten_past_a_bound_and_busy_ones_never() {
+        let semaphores = Semaphores::default();
+        let busy = semaphores.memory("busy", 100);
+        for n in 0..10_000 {
+            drop(semaphores.memory(&format!("one-off-{n}"), 100));
+        }
+        // The idle ones kept, the busy one, and the last one asked for
+        // (in use while the others were forgotten).
+        assert!(
+            semaphores.remembered() <= KEPT_IDLE + 2,
+            "{} semaphores remembered",
+            semaphores.remembered()
+        );
+        // The one in use is the same entry still.
+        assert!(Arc::ptr_eq(&busy, &semaphores.memory("busy", 100)));
+        // The most recently used idle ones are kept.
+        let recent = semaphores.memory("one-off-9999", 100);
+        assert_eq!(Arc::strong_count(&recent), 2, "still remembered");
+    }
+
+    #[tokio::test]
+    async fn a_permit_freed_here_is_news_to_its_semaphore_only() {
+        let semaphores = Semaphores::default();
+        let pool = semaphores.memory("pool", 4);
+        let other = semaphores.memory("pool-b", 4);
+        let mut woken = pool.woken.subscribe();
+        semaphores.freed("pool:2");
+        semaphores.freed("pool:9"); // past its count
+        semaphores.freed("pool-b"); // not a permit's key
+        semaphores.freed("nightly-report");
+        assert!(woken.has_changed().unwrap());
+        woken.borrow_and_update();
+        let mut memory = Memory::new(4);
+        memory.seen_held[2] = Some(Instant::now());
+        assert_eq!(pool.take_freed(&mut memory), [2]);
+        assert_eq!(memory.seen_held[2], None, "tried first again");
+        assert!(other.take_freed(&mut Memory::new(4)).is_empty());
+    }
+}
