@@ -94,7 +94,7 @@ async fn snippet_leader_drain(locks: volcano::Locks, client: volcano::Client) ->
     let shutdown = async { tokio::signal::ctrl_c().await.ok(); };
     locks.leader("scheduler", Duration::from_secs(15))
         .until(shutdown)
-        .drain(Duration::from_secs(30))
+        .drain(Duration::from_secs(20))
         .run(|term| async move {
             loop {
                 tokio::select! {

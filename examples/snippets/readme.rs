@@ -83,7 +83,7 @@ async fn snippet_leader_drain_short(locks: volcano::Locks, client: volcano::Clie
     let shutdown = async { tokio::signal::ctrl_c().await.ok(); }; // SIGTERM too: examples/leader_probe.rs
     locks.leader("scheduler", Duration::from_secs(15))
         .until(shutdown)                                 // step down on Ctrl-C ...
-        .drain(Duration::from_secs(30))                  // ... once the job in hand is done
+        .drain(Duration::from_secs(20))                  // ... once the job in hand is done
         .run(move |term| {
             let store = Arc::clone(&store);              // one clone per term
             async move {

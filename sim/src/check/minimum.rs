@@ -78,6 +78,12 @@ fn kept<'a>(run: &Run<'a>) -> Vec<Asked<'a>> {
 pub(super) fn kept_by_the_service(run: &Run<'_>, out: &mut Vec<String>) {
     for m in kept(run) {
         let (key, fence) = (m.key, m.fence);
+        // Its host's lease clock jumped (a suspend) during the minimum:
+        // the host's minimum ends that much sooner in true time. Not
+        // judged.
+        if run.lease_clock_moved(m.client, m.returned, m.until) {
+            continue;
+        }
         // A late request of the lease (sent before the job ended) that
         // cut it short or stretched it, which the SDK could not put right
         // because its requests to do so went unanswered or were refused

@@ -169,7 +169,12 @@ option_setters!(impl[] Leader => [options] {
 
 impl Leader {
     /// Step down (drop the running term, release, return `Ok(())`) once
-    /// `signal` completes, for example on SIGTERM.
+    /// `signal` completes, for example on SIGTERM. `run` returns within
+    /// 1 s of it when not leading (a campaign's try in flight is undone in
+    /// the background), and within the [drain](Self::drain) plus 2 s when
+    /// leading on a healthy service; a release or undo not settled by then
+    /// goes on, and [`Client::shutdown`](crate::Client::shutdown) waits for
+    /// it and names its key.
     pub fn until(mut self, signal: impl Future<Output = ()> + Send + 'static) -> Self {
         self.until = std::sync::Mutex::new(Some(Box::pin(signal)));
         self
@@ -199,7 +204,7 @@ impl Leader {
     /// locks
     ///     .leader("scheduler", Duration::from_secs(15))
     ///     .until(sigterm)
-    ///     .drain(Duration::from_secs(30))
+    ///     .drain(Duration::from_secs(20))
     ///     .run(|term| async move {
     ///         while !term.is_stepping_down() {
     ///             // ... one job, never cut in the middle by a SIGTERM ...

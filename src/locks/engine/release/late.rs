@@ -68,7 +68,9 @@ const BACK_TIMEOUT: Duration = Duration::from_secs(3);
 /// - Until the window closes (and before the minimum's end), the expiry is
 ///   put back to the minimum's end every [`REASSERT`], and once more when
 ///   the window has closed: a late request that shortened it is undone
-///   before the lease lapses, one that stretched it is cut back.
+///   before the lease lapses, one that stretched it is cut back. With less
+///   than the shortest lease (5 s) left, no renewal back (it would reach
+///   past the end): released at the minimum's end instead.
 /// - At the minimum's end with the window still open, released (a renewal
 ///   landing later finds no lease; a late acquire is released again once
 ///   none can land).
@@ -150,6 +152,18 @@ impl Kept {
             }
             let window_closed = now >= self.land_by;
             let renewable = now + crate::retry::renewal::SAFETY_MARGIN < self.live_until;
+            if self.kept_until.saturating_duration_since(now) < crate::validate::MIN_TTL {
+                // Less left than the shortest lease: a renewal back would
+                // reach past the minimum's end. Kept live to the end if it
+                // may not last that long, then released at the end.
+                if renewable && self.live_until < self.kept_until {
+                    let _ = self.renew_back().await;
+                }
+                if !self.sleep_until(self.kept_until).await {
+                    return Settled::MayBeHeld;
+                }
+                continue;
+            }
             if !renewable {
                 // Whatever a late request made of it is released at the
                 // minimum's end.
