@@ -323,11 +323,13 @@ async fn a_renewal_landing_after_a_kept_minimum_does_not_stretch_it() {
 
 #[tokio::test]
 async fn a_renewal_landing_after_a_short_minimum_finds_the_key_released() {
-    // Checked past the minimum's end (9 s) and before the late one's
-    // window has closed (12 s): released at the minimum's end.
+    // The late one lands at 10 s, before the keep's expiry (11 s), and
+    // would stretch it to 25 s. Checked past the minimum's end (11 s) and
+    // before the late one's window has closed (12 s): released at the
+    // minimum's end.
     a_late_renewal_does_not_stretch_a_minimum_of(
-        Duration::from_secs(9),
-        Duration::from_millis(700),
+        Duration::from_secs(11),
+        Duration::from_millis(1_200),
     )
     .await;
 }

@@ -25,11 +25,32 @@ impl Ctx {
         work: Duration,
         coin: u64,
     ) {
+        self.semaphore_says_what_it_is(key);
         match (coin >> 54) % 4 {
             0 => self.try_permit(key, ttl, work, coin).await,
             1 => self.permit_with_minimum(key, ttl, wait, work, coin).await,
             2 if one_in(coin >> 56, 2) => self.permit_rotation(key, ttl, coin).await,
             _ => self.permit_scope(key, ttl, wait, work, coin).await,
+        }
+    }
+
+    /// A semaphore handle names itself, its count and its permits' keys as
+    /// built, and judges its own name and count before anything is sent.
+    fn semaphore_says_what_it_is(&self, key: &str) {
+        let name = format!("{key}-sem3");
+        let semaphore = self.locks.semaphore(name.as_str(), 3);
+        let said = (
+            semaphore.name(),
+            semaphore.permits(),
+            semaphore.permit_key(2),
+            semaphore.check().is_ok(),
+        );
+        if said != (name.as_str(), 3, format!("{name}:2"), true) {
+            self.broken(format!("semaphore({name:?}, 3) says {said:?}"));
+        }
+        let empty = self.locks.semaphore(name.as_str(), 0);
+        if !matches!(empty.check(), Err(volcano::Error::InvalidArgument(_))) {
+            self.broken(format!("semaphore({name:?}, 0) passed its check"));
         }
     }
 
@@ -97,7 +118,7 @@ impl Ctx {
                     });
                     by_hand.push(lease);
                 }
-                Err(err) => self.note(format!("acquire {permit} by hand: {err}")),
+                Err(err) => self.failed(&format!("acquire {permit} by hand"), &err),
             }
         }
         let (wait, poll) = (Duration::from_secs(20), Duration::from_millis(500));
@@ -166,7 +187,7 @@ impl Ctx {
                         });
                         by_hand.push(lease);
                     }
-                    Err(err) => self.note(format!("acquire {permit} by hand: {err}")),
+                    Err(err) => self.failed(&format!("acquire {permit} by hand"), &err),
                 }
             }
         }
