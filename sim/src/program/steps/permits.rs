@@ -26,6 +26,9 @@ impl Ctx {
         coin: u64,
     ) {
         self.semaphore_says_what_it_is(key);
+        if one_in(coin >> 61, 4) {
+            self.permit_refuses_bad_input(key, ttl).await;
+        }
         match (coin >> 54) % 4 {
             0 => self.try_permit(key, ttl, work, coin).await,
             1 => self.permit_with_minimum(key, ttl, wait, work, coin).await,
@@ -48,9 +51,54 @@ impl Ctx {
         if said != (name.as_str(), 3, format!("{name}:2"), true) {
             self.broken(format!("semaphore({name:?}, 3) says {said:?}"));
         }
-        let empty = self.locks.semaphore(name.as_str(), 0);
-        if !matches!(empty.check(), Err(volcano::Error::InvalidArgument(_))) {
-            self.broken(format!("semaphore({name:?}, 0) passed its check"));
+        // The edges: 0 and 101 permits are refused, 100 are not; a name
+        // whose last permit's key is the longest valid key (128
+        // characters) passes, one character more does not.
+        let longest = "n".repeat(128 - ":99".len());
+        let too_long = format!("{longest}n");
+        for (name, permits, valid) in [
+            (name.as_str(), 0, false),
+            (name.as_str(), 101, false),
+            (name.as_str(), 100, true),
+            (longest.as_str(), 100, true),
+            (too_long.as_str(), 100, false),
+        ] {
+            let checked = self.locks.semaphore(name, permits).check();
+            let refused = matches!(checked, Err(volcano::Error::InvalidArgument(_)));
+            if refused == valid {
+                self.broken(format!(
+                    "semaphore of {permits} named {} characters long: check() said {checked:?}",
+                    name.len()
+                ));
+            }
+        }
+    }
+
+    /// A permit's acquire refuses bad input before anything is sent: a cap
+    /// under a second, a token of the caller's.
+    async fn permit_refuses_bad_input(&self, key: &str, ttl: Duration) {
+        let name = format!("{key}-sem");
+        let semaphore = self.locks.semaphore(name.as_str(), 2);
+        let token = volcano::AcquireOptions::default().token(crate::program::op::uuid_from(7));
+        let tries = [
+            (
+                "max_hold(999 ms)",
+                semaphore.acquire(ttl).max_hold(Duration::from_millis(999)),
+            ),
+            (
+                "a token of the caller's",
+                semaphore.acquire(ttl).options(token),
+            ),
+        ];
+        for (what, acquire) in tries {
+            match acquire.await {
+                Err(volcano::Error::InvalidArgument(_)) => {}
+                Ok(held) => {
+                    self.broken(format!("a permit of {name} with {what} was granted"));
+                    let _ = held.release_now().await;
+                }
+                Err(err) => self.broken(format!("a permit of {name} with {what}: {err}")),
+            }
         }
     }
 
