@@ -264,16 +264,7 @@ pub(super) fn drains(run: &Run<'_>, out: &mut Vec<String>) {
         });
         // Its host crashed, or the program dropped the whole `run` (a
         // cancelled operation): the term goes with it, drain or not.
-        let cut_short = run.events[i..].iter().any(|later| {
-            later.at <= done_at
-                && match &later.event {
-                    Event::Crashed { client: c } => c == client,
-                    Event::Note {
-                        client: c, what, ..
-                    } => c == client && what == "dropped an operation",
-                    _ => false,
-                }
-        });
+        let cut_short = cut_short(run, i, *client, done_at);
         if lost || cut_short {
             continue;
         }
@@ -338,16 +329,7 @@ pub(super) fn steps_down_in_time(run: &Run<'_>, out: &mut Vec<String>) {
         }) else {
             continue;
         };
-        let cut_short = run.events[i..].iter().any(|later| {
-            later.at <= returned
-                && match &later.event {
-                    Event::Crashed { client: c } => c == client,
-                    Event::Note {
-                        client: c, what, ..
-                    } => c == client && what == "dropped an operation",
-                    _ => false,
-                }
-        });
+        let cut_short = cut_short(run, i, *client, returned);
         if cut_short {
             continue;
         }
@@ -395,4 +377,19 @@ pub(super) fn steps_down_in_time(run: &Run<'_>, out: &mut Vec<String>) {
             ));
         }
     }
+}
+
+/// Whether `client`'s host crashed, or its program dropped the operation,
+/// between the event at `i` and `by`.
+fn cut_short(run: &Run<'_>, i: usize, client: usize, by: Duration) -> bool {
+    run.events[i..].iter().any(|later| {
+        later.at <= by
+            && match &later.event {
+                Event::Crashed { client: c } => *c == client,
+                Event::Note {
+                    client: c, what, ..
+                } => *c == client && what == "dropped an operation",
+                _ => false,
+            }
+    })
 }

@@ -28,6 +28,15 @@ struct Asked<'a> {
     asked_until: Duration,
 }
 
+/// Whether the scope whose minimum the event at `i` asked for ended with
+/// its lease kept by the service ([`Event::MinimumEnded`]).
+fn kept_at_end(run: &Run<'_>, i: usize, client: usize, key: &str, fence: i64) -> bool {
+    run.events[i..].iter().any(|later| {
+        matches!(&later.event, Event::MinimumEnded { client: c, key: k, fence: f, kept: true }
+            if *c == client && k == key && *f == fence)
+    })
+}
+
 /// The minimums whose scopes returned `Ok` with their lease kept by the
 /// service.
 fn kept<'a>(run: &Run<'a>) -> Vec<Asked<'a>> {
@@ -44,16 +53,7 @@ fn kept<'a>(run: &Run<'a>) -> Vec<Asked<'a>> {
         else {
             continue;
         };
-        let ended = run.events[i..].iter().find_map(|later| match &later.event {
-            Event::MinimumEnded {
-                client: c,
-                key: k,
-                fence: f,
-                kept,
-            } if c == client && k == key && f == fence => Some(*kept),
-            _ => None,
-        });
-        if ended == Some(true) {
+        if kept_at_end(run, i, *client, key, *fence) {
             found.push(Asked {
                 client: *client,
                 key: key.as_str(),
@@ -339,16 +339,7 @@ pub(super) fn kept_within_the_cap(run: &Run<'_>, out: &mut Vec<String>) {
         else {
             continue;
         };
-        let kept = run.events[i..].iter().find_map(|later| match &later.event {
-            Event::MinimumEnded {
-                client: c,
-                key: k,
-                fence: f,
-                kept,
-            } if c == client && k == key && f == fence => Some(*kept),
-            _ => None,
-        });
-        if kept != Some(true) {
+        if !kept_at_end(run, i, *client, key, *fence) {
             continue;
         }
         let Some(token) = run.token_of(key, *fence) else {

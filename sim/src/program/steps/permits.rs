@@ -104,14 +104,50 @@ impl Ctx {
 
     /// Logs the start of a wait for a permit of `name`, until `wait` from
     /// now.
-    fn permit_wait(&self, name: &str, wait: Duration, coin: u64) {
+    fn permit_wait(&self, name: &str, wait: Duration, poll: Duration) {
         self.log.push(Event::PermitWait {
             client: self.id,
             name: name.to_owned(),
             until: turmoil::sim_elapsed().unwrap_or_default() + wait,
-            poll: poll_for(coin),
+            poll,
             permits: 2,
         });
+    }
+
+    /// Acquires the permits `which` of `semaphore` by hand (plain acquires
+    /// of their keys, as other processes would hold them).
+    async fn take_by_hand(
+        &self,
+        semaphore: &volcano::Semaphore,
+        which: impl IntoIterator<Item = u32>,
+        ttl: Duration,
+    ) -> Vec<volcano::LockLease> {
+        let mut taken = Vec::new();
+        for i in which {
+            let permit = semaphore.permit_key(i);
+            match self.locks.acquire(&permit, ttl).await {
+                Ok(lease) => {
+                    self.log.push(Event::Leased {
+                        client: self.id,
+                        key: permit,
+                        fence: lease.fencing_token(),
+                    });
+                    taken.push(lease);
+                }
+                Err(err) => self.failed(&format!("acquire {permit} by hand"), &err),
+            }
+        }
+        taken
+    }
+
+    /// Releases a lease taken by hand, noting a release that did not free it.
+    async fn release_by_hand(&self, lease: volcano::LockLease) {
+        let permit = lease.key().to_owned();
+        let released = self.locks.release(&lease).await;
+        if released.is_err() {
+            self.kept(&permit, Some(lease.fencing_token()));
+        }
+        self.released(&permit, released);
     }
 
     /// Logs the end of a wait for a permit.
@@ -138,7 +174,7 @@ impl Ctx {
             self.work(&[&guard], work).await;
             Ok::<_, volcano::Error>(ended)
         });
-        self.permit_wait(&name, wait, coin);
+        self.permit_wait(&name, wait, poll_for(coin));
         let outcome = scope.wait(wait).poll_interval(poll_for(coin)).await;
         self.permit_wait_ended(&outcome);
         match outcome {
@@ -154,29 +190,9 @@ impl Ctx {
     async fn permit_rotation(&self, key: &str, ttl: Duration, coin: u64) {
         let name = format!("{key}-sem");
         let semaphore = self.locks.semaphore(name.as_str(), 2);
-        let mut by_hand = Vec::new();
-        for i in 0..2 {
-            let permit = semaphore.permit_key(i);
-            match self.locks.acquire(&permit, ttl).await {
-                Ok(lease) => {
-                    self.log.push(Event::Leased {
-                        client: self.id,
-                        key: permit,
-                        fence: lease.fencing_token(),
-                    });
-                    by_hand.push(lease);
-                }
-                Err(err) => self.failed(&format!("acquire {permit} by hand"), &err),
-            }
-        }
+        let mut by_hand = self.take_by_hand(&semaphore, 0..2, ttl).await;
         let (wait, poll) = (Duration::from_secs(20), Duration::from_millis(500));
-        self.log.push(Event::PermitWait {
-            client: self.id,
-            name: name.clone(),
-            until: turmoil::sim_elapsed().unwrap_or_default() + wait,
-            poll,
-            permits: 2,
-        });
+        self.permit_wait(&name, wait, poll);
         let freed_after = Duration::from_millis(2_000 + (coin >> 57) % 2_000);
         let which = ((coin >> 59) % 2) as usize;
         let freed = (by_hand.len() == 2).then(|| by_hand.remove(which));
@@ -184,12 +200,7 @@ impl Ctx {
         let freeing = async {
             let Some(lease) = freed else { return };
             tokio::time::sleep(freed_after).await;
-            let permit = lease.key().to_owned();
-            let released = self.locks.release(&lease).await;
-            if released.is_err() {
-                self.kept(&permit, Some(lease.fencing_token()));
-            }
-            self.released(&permit, released);
+            self.release_by_hand(lease).await;
         };
         let (acquired, ()) = tokio::join!(waiting, freeing);
         self.permit_wait_ended(&acquired);
@@ -204,12 +215,7 @@ impl Ctx {
             Err(err) => self.failed(&format!("acquire a permit of {name}"), &err),
         }
         for lease in by_hand {
-            let permit = lease.key().to_owned();
-            let released = self.locks.release(&lease).await;
-            if released.is_err() {
-                self.kept(&permit, Some(lease.fencing_token()));
-            }
-            self.released(&permit, released);
+            self.release_by_hand(lease).await;
         }
     }
 
@@ -221,24 +227,13 @@ impl Ctx {
     async fn try_permit(&self, key: &str, ttl: Duration, work: Duration, coin: u64) {
         let name = format!("{key}-sem3");
         let semaphore = self.locks.semaphore(name.as_str(), 3);
-        let mut by_hand = Vec::new();
-        if one_in(coin >> 56, 2) {
-            let spare = (coin >> 57) % 3;
-            for i in (0..3).filter(|&i| i != spare) {
-                let permit = semaphore.permit_key(i as u32);
-                match self.locks.acquire(&permit, ttl).await {
-                    Ok(lease) => {
-                        self.log.push(Event::Leased {
-                            client: self.id,
-                            key: permit,
-                            fence: lease.fencing_token(),
-                        });
-                        by_hand.push(lease);
-                    }
-                    Err(err) => self.failed(&format!("acquire {permit} by hand"), &err),
-                }
-            }
-        }
+        let by_hand = if one_in(coin >> 56, 2) {
+            let spare = ((coin >> 57) % 3) as u32;
+            let taken = (0..3).filter(|&i| i != spare);
+            self.take_by_hand(&semaphore, taken, ttl).await
+        } else {
+            Vec::new()
+        };
         let began = turmoil::sim_elapsed().unwrap_or_default();
         let tried = semaphore
             .try_with_permit(ttl, |guard| async move {
@@ -260,12 +255,7 @@ impl Ctx {
             Err(err) => self.failed(&format!("try_with_permit {name}"), &err),
         }
         for lease in by_hand {
-            let permit = lease.key().to_owned();
-            let released = self.locks.release(&lease).await;
-            if released.is_err() {
-                self.kept(&permit, Some(lease.fencing_token()));
-            }
-            self.released(&permit, released);
+            self.release_by_hand(lease).await;
         }
     }
 
@@ -282,7 +272,7 @@ impl Ctx {
         let name = format!("{key}-sem");
         let semaphore = self.locks.semaphore(name.as_str(), 2);
         let min = Duration::from_millis(1_000 + (coin >> 44) % 8_000);
-        self.permit_wait(&name, wait, coin);
+        self.permit_wait(&name, wait, poll_for(coin));
         let acquired = semaphore
             .acquire(ttl)
             .wait(wait)

@@ -178,32 +178,11 @@ impl Kept {
                 // Another's, or lapsed: nothing of ours, unless a late
                 // acquire may still take it again.
                 Back::Gone if self.acquire_late && Instant::now() < self.land_by => {
-                    if !self.sleep_until(self.land_by).await {
-                        return Settled::MayBeHeld;
-                    }
-                    let last = Persistence::background(&self.locks, self.ttl);
-                    let ended =
-                        confirmed(&self.locks, &self.lease, last, Some(self.superseded)).await;
-                    return settled(ended, &self.lease, KEPT_WHY);
+                    return self.release_once_none_lands().await;
                 }
                 Back::Gone => return Settled::Freed,
                 // Released now, and again once no late acquire can land.
-                Back::Stranger => {
-                    let now = Persistence::background(&self.locks, self.ttl);
-                    let first =
-                        confirmed(&self.locks, &self.lease, now, Some(self.superseded.clone()))
-                            .await;
-                    if Instant::now() >= self.land_by || matches!(first, Ok(Ended::Superseded)) {
-                        return settled(first, &self.lease, KEPT_WHY);
-                    }
-                    if !self.sleep_until(self.land_by).await {
-                        return Settled::MayBeHeld;
-                    }
-                    let last = Persistence::background(&self.locks, self.ttl);
-                    let ended =
-                        confirmed(&self.locks, &self.lease, last, Some(self.superseded)).await;
-                    return settled(ended, &self.lease, KEPT_WHY);
-                }
+                Back::Stranger => return self.release_now_then(true).await,
                 Back::Refused => return Settled::MayBeHeld,
                 // Unanswered: it may land late too; left until the minimum's
                 // end, where it is released.
@@ -277,22 +256,26 @@ impl Kept {
 
     /// At the minimum's end, the window still open: released (and again
     /// once a late acquire can no longer land).
-    async fn release_at_the_end(mut self) -> Settled {
+    async fn release_at_the_end(self) -> Settled {
+        let again = self.acquire_late;
+        self.release_now_then(again).await
+    }
+
+    /// Released now; `again`, once no late try can land, unless none can
+    /// already or an acquire with the token superseded this.
+    async fn release_now_then(self, again: bool) -> Settled {
         let until_landed = self.land_by.saturating_duration_since(Instant::now());
         let first = Persistence::background(&self.locks, until_landed.max(self.ttl));
-        let first = confirmed(
-            &self.locks,
-            &self.lease,
-            first,
-            Some(self.superseded.clone()),
-        )
-        .await;
-        if !self.acquire_late
-            || self.land_by <= Instant::now()
-            || matches!(first, Ok(Ended::Superseded))
-        {
+        let superseded = Some(self.superseded.clone());
+        let first = confirmed(&self.locks, &self.lease, first, superseded).await;
+        if !again || self.land_by <= Instant::now() || matches!(first, Ok(Ended::Superseded)) {
             return settled(first, &self.lease, KEPT_WHY);
         }
+        self.release_once_none_lands().await
+    }
+
+    /// Released once no late try can land (`land_by`).
+    async fn release_once_none_lands(mut self) -> Settled {
         if !self.sleep_until(self.land_by).await {
             return Settled::MayBeHeld;
         }
