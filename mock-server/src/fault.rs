@@ -298,6 +298,8 @@ pub enum InvalidFault {
     Key(String),
     /// [`MAX_FAULTS`] faults are pending.
     TooMany,
+    /// `times` is 0: the fault would never apply, yet hold a slot.
+    NeverApplies,
 }
 
 impl std::fmt::Display for InvalidFault {
@@ -316,6 +318,11 @@ impl std::fmt::Display for InvalidFault {
                 f,
                 "fault key {key:?} can never match: lock keys match \
                  ^[A-Za-z0-9][A-Za-z0-9._:-]{{0,127}}$"
+            ),
+            InvalidFault::NeverApplies => write!(
+                f,
+                "a fault with times 0 never applies: give times 1 or more, or leave it out \
+                 for a fault that stays until cleared"
             ),
             InvalidFault::TooMany => write!(
                 f,
@@ -339,6 +346,9 @@ impl Fault {
                 return Err(InvalidFault::GatewayStatus(status));
             }
             _ => {}
+        }
+        if self.times == Some(0) {
+            return Err(InvalidFault::NeverApplies);
         }
         match &self.key {
             Some(key) if !crate::state::valid_key(key) => {

@@ -236,6 +236,10 @@ mod tests {
             faults.push(Fault::reset().key("no spaces")),
             Err(InvalidFault::Key(_))
         ));
+        assert_eq!(
+            faults.push(Fault::status(503).times(0)),
+            Err(InvalidFault::NeverApplies)
+        );
         for _ in 1..MAX_FAULTS {
             faults.push(Fault::reset().key("k")).unwrap();
         }

@@ -186,7 +186,7 @@ impl MockServer {
     ///
     /// When the fault is refused (see [`MockServer::try_inject`]): a status
     /// outside 200..=599 (a gateway's outside 500..=599), a key no lock
-    /// request can have, or
+    /// request can have, `times(0)`, or
     /// [`MAX_FAULTS`] faults already pending. A test that injects such a
     /// fault would otherwise test nothing.
     pub fn inject(&self, fault: Fault) {

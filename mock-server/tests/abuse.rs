@@ -264,7 +264,8 @@ async fn chunked_bodies_over_the_limit_get_400_on_routes_that_ignore_them() {
 /// Faults posted in a loop (never matched, never used up) are bounded: past
 /// `MAX_FAULTS` a post gets a 409 that says what to do, memory stays flat,
 /// and a lock request is still served at once. Statuses that are not final
-/// HTTP statuses, and keys no lock request can have, are refused with 400.
+/// HTTP statuses, keys no lock request can have, and `times: 0`, are
+/// refused with 400.
 #[tokio::test]
 async fn faults_are_bounded_and_invalid_ones_refused() {
     use volcano_mock_server::{Fault, InvalidFault, MAX_FAULTS};
@@ -290,6 +291,18 @@ async fn faults_are_bounded_and_invalid_ones_refused() {
     assert_eq!(
         server.try_inject(Fault::status(101)),
         Err(InvalidFault::Status(101))
+    );
+    // A fault that can never apply holds no slot: refused over HTTP as in
+    // process, with the reason.
+    let never = post(r#"{"kind":"status","status":503,"times":0}"#.into())
+        .await
+        .unwrap();
+    assert_eq!(never.status(), 400);
+    let text = never.text().await.unwrap();
+    assert!(text.contains("times 0 never applies"), "{text}");
+    assert_eq!(
+        server.try_inject(Fault::status(503).times(0)),
+        Err(InvalidFault::NeverApplies)
     );
 
     let before = rss_kib();
