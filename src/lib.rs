@@ -129,10 +129,10 @@ pub use lease::{LockLease, LockState};
 pub use locks::{
     Acquire, AcquireOptions, AcquirePermit, AtRisk, ChangeKind, ForceRelease, Get, HeldLock,
     HeldLocks, Hold, HoldAll, Leader, LeaderHealth, LeaderStatus, LockChange, LockGuard, LockSet,
-    Locks, Observe, Release, Renew, Semaphore, TryWithLock, TryWithPermit, WithLock, WithLocks,
-    WithPermit, MAX_PERMITS,
+    Locks, MinHold, Observe, Release, Renew, Semaphore, TryWithLock, TryWithPermit, WithLock,
+    WithLocks, WithPermit, MAX_PERMITS,
 };
-pub use retry::LATE_TRY_MARGIN;
+pub use retry::{LATE_TRY_MARGIN, LONGEST_RENEWAL_INTERVAL};
 pub use validate::{MAX_TTL, MIN_TTL};
 
 /// The boxed future behind each builder's `.await`.

@@ -38,6 +38,15 @@ pub(crate) const MIN_ATTEMPT: Duration = Duration::from_millis(100);
 /// that (queued somewhere for longer than its client waited, and more) is
 /// beyond what a client can bound.
 pub const LATE_TRY_MARGIN: Duration = Duration::from_secs(2);
+
+/// The longest a lock held through this SDK goes between two renewals
+/// (a guard, `with_lock`, `hold`, a permit, a leader's term, `volcano
+/// locks run`): renewals come at most 60 s apart, plus 10 % jitter. A
+/// held key whose expiry has not moved for longer than this (on the
+/// service's clock) has no live holder of this SDK renewing it, unless a
+/// renewal is stuck in flight. `volcano locks diagnose` watches that long
+/// at most.
+pub const LONGEST_RENEWAL_INTERVAL: Duration = Duration::from_secs(66);
 /// The first step of a backoff.
 const BACKOFF_MIN: Duration = Duration::from_millis(100);
 

@@ -150,6 +150,9 @@ pub enum Sabotage {
     /// recently first: a waiter keeps trying the same held permit while
     /// another stays free.
     SemaphoreTriesRecentFirst,
+    /// `HeldLock::release_reporting` says a minimum kept by the service
+    /// was not kept.
+    KeptReportedNotKept,
 }
 
 thread_local! {

@@ -131,3 +131,23 @@ pub(crate) fn leader_ended(key: Option<&str>, why: &'static str) {
     #[cfg(not(feature = "metrics"))]
     let _ = (key, why);
 }
+
+/// This machine's name, for the log line that names a lock's holder (an
+/// operator looks for the fencing token in the holder's logs): the kernel's
+/// node name on Unix, `COMPUTERNAME` on Windows, `HOSTNAME` elsewhere; empty
+/// when none can be read. Read once.
+pub(crate) fn host() -> &'static str {
+    static HOST: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    HOST.get_or_init(|| {
+        #[cfg(unix)]
+        let name = rustix::system::uname()
+            .nodename()
+            .to_string_lossy()
+            .into_owned();
+        #[cfg(windows)]
+        let name = std::env::var("COMPUTERNAME").unwrap_or_default();
+        #[cfg(not(any(unix, windows)))]
+        let name = std::env::var("HOSTNAME").unwrap_or_default();
+        name
+    })
+}

@@ -100,6 +100,22 @@ impl std::fmt::Debug for Shortened<'_> {
     }
 }
 
+/// A minimum hold that fits: at most the longest lease and the hold's
+/// `max_hold`.
+pub(crate) fn min_hold(min_hold: Option<Duration>, max_hold: Option<Duration>) -> Result<()> {
+    match (min_hold, max_hold) {
+        (Some(min), _) if min > MAX_TTL => Err(Error::invalid(
+            "min_hold must be at most 90 days (the longest a lease lives)",
+        )),
+        (Some(min), Some(max)) if min > max => Err(Error::invalid(format!(
+            "min_hold ({}) must not exceed max_hold ({}): the lock cannot be kept longer than it may be held",
+            seconds(min),
+            seconds(max)
+        ))),
+        _ => Ok(()),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

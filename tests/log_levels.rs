@@ -1,6 +1,7 @@
-//! What an application logging at INFO sees: nothing for routine lock work
-//! (acquire, renew, release are DEBUG), a WARN for a failure that is retried
-//! and for a loss.
+//! What an application logging at INFO sees: one line when a lock is taken
+//! (`lock acquired`, with key, fencing token, host and pid: how an operator
+//! finds a holder), nothing for routine renewals and releases (DEBUG), a
+//! WARN for a failure that is retried and for a loss.
 //!
 //! Its own test binary: a thread-scoped subscriber misses events whose
 //! callsites other test threads registered first.
@@ -42,7 +43,19 @@ async fn routine_work_is_quiet_at_info_and_failures_warn() {
             .count(),
         2
     );
-    assert_eq!(captured.lines("").len(), 0, "{:?}", captured.lines(""));
+    // One line a lock taken, naming its holder; renewals and releases
+    // say nothing.
+    let all = captured.lines("");
+    assert_eq!(all.len(), 2, "{all:?}");
+    for line in &all {
+        assert!(
+            line.contains("INFO") && line.contains("lock acquired"),
+            "{line}"
+        );
+        for field in ["key=quiet", "fencing_token=", "host=", "pid="] {
+            assert!(line.contains(field), "{field}: {line}");
+        }
+    }
 
     // A renewal refused for good: its loss is a WARN.
     server.inject(Fault::status(409).on(Operation::Renew));

@@ -244,3 +244,40 @@ async fn a_panic_or_a_drop_releases_at_once() {
         server.requests()
     );
 }
+
+/// `HeldLock::release_reporting` says what became of the minimum: kept by
+/// the service (the key held to its end), passed already, not asked, or
+/// not kept when the renewal that keeps it fails (the key is then free at
+/// the lease's last expiry). Each with the same requests as `release`.
+#[tokio::test]
+async fn release_reporting_says_whether_the_minimum_is_kept() {
+    use volcano::MinHold;
+    const MINIMUM: Duration = Duration::from_secs(60);
+    let server = MockServer::start().await;
+    let client = mock_client(&server);
+    let locks = client.locks();
+    let held = locks.hold("kept", TTL).min_hold(MINIMUM).await.unwrap();
+    assert_eq!(held.release_reporting().await.unwrap(), MinHold::Kept);
+    assert!(live(&server, "kept"));
+    let held = locks.hold("plain", TTL).await.unwrap();
+    assert_eq!(held.release_reporting().await.unwrap(), MinHold::NotAsked);
+    assert!(!live(&server, "plain"));
+    let held = locks
+        .hold("short", TTL)
+        .min_hold(Duration::from_millis(300))
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(held.release_reporting().await.unwrap(), MinHold::Passed);
+    assert!(!live(&server, "short"));
+
+    server.inject(Fault::status(503).on(Operation::Renew).key("failing"));
+    let held = locks.hold("failing", TTL).min_hold(MINIMUM).await.unwrap();
+    assert_eq!(held.release_reporting().await.unwrap(), MinHold::NotKept);
+    assert_eq!(
+        count(&server, Operation::Release),
+        2,
+        "plain and short only"
+    );
+    client.shutdown(Duration::from_secs(5)).await;
+}

@@ -39,6 +39,7 @@ mod minimum;
 mod observe;
 mod recovery;
 mod renewal;
+mod reported;
 mod risk;
 mod run;
 mod safety;
@@ -88,6 +89,7 @@ pub(crate) fn all(
     semaphore::all_taken_only_when_seen(&run, out);
     semaphore::waits_find_a_free_permit(&run, out);
     minimum::kept_within_the_cap(&run, out);
+    reported::reported_as_kept(&run, out);
     leader::steps_down_in_time(&run, out);
     recovery::after_crash(&run, out);
     recovery::after_release(&run, out);

@@ -140,6 +140,14 @@ pub(crate) enum Event {
         fence: i64,
         kept: bool,
     },
+    /// What `HeldLock::release_reporting` said of a minimum asked for:
+    /// kept by the service, or not.
+    MinimumReported {
+        client: usize,
+        key: String,
+        fence: i64,
+        kept: bool,
+    },
     /// A leader's `until` fired; its terms drain for up to `drain` (zero:
     /// none).
     UntilFired {

@@ -95,6 +95,7 @@ fn parse() -> Result<Args, String> {
                     "keep-past-max-hold" => Sabotage::KeepPastMaxHold,
                     "follower-waits-for-undo" => Sabotage::FollowerWaitsForUndo,
                     "semaphore-tries-recent-first" => Sabotage::SemaphoreTriesRecentFirst,
+                    "kept-reported-not-kept" => Sabotage::KeptReportedNotKept,
                     other => return Err(format!("unknown sabotage {other:?}")),
                 }
             }

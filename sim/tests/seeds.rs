@@ -430,6 +430,12 @@ fn finds_a_keep_past_max_hold() {
 }
 
 #[test]
+fn finds_a_kept_minimum_reported_as_not_kept() {
+    let found = first_with(Sabotage::KeptReportedNotKept, "min_hold reported not kept");
+    assert!(found.is_some(), "not found within {FIND_WITHIN} seeds");
+}
+
+#[test]
 fn finds_a_follower_slow_to_step_down() {
     let found = first_with(Sabotage::FollowerWaitsForUndo, "leader step-down");
     assert!(found.is_some(), "not found within {FIND_WITHIN} seeds");

@@ -42,9 +42,10 @@ pub use builders::leader::{Leader, LeaderHealth, LeaderStatus};
 pub use builders::requests::{Acquire, ForceRelease, Get, Release, Renew};
 pub use builders::scope::{TryWithLock, WithLock, WithLocks};
 pub use builders::semaphore::{AcquirePermit, Semaphore, TryWithPermit, WithPermit};
+
 pub use engine::semaphore::MAX_PERMITS;
 pub use handles::guard::{AtRisk, LockGuard};
-pub use handles::held::HeldLock;
+pub use handles::held::{HeldLock, MinHold};
 pub use handles::observe::{ChangeKind, LockChange, Observe};
 pub use handles::set::{HeldLocks, LockSet};
 pub use options::AcquireOptions;

@@ -13,7 +13,7 @@ use super::renewal::{renew_in_window, renew_in_window_for, Counted, Renewal};
 use super::state::{MaxHold, State};
 use super::Spec;
 use crate::error::{Error, LockLost, LostReason, Result};
-use crate::locks::{HeldLock, Locks};
+use crate::locks::{HeldLock, Locks, MinHold};
 use crate::validate;
 
 /// The shortest `max_hold`: a cap that ends a hold as soon as it begins
@@ -37,16 +37,19 @@ async fn acquire_in(spec: Spec, span: tracing::Span) -> Result<HeldLock> {
     if max_hold.is_some_and(|d| d < MIN_MAX_HOLD) {
         return Err(Error::invalid("max_hold must be at least 1 s"));
     }
-    check_min_hold(spec.min_hold, max_hold)?;
+    validate::min_hold(spec.min_hold, max_hold)?;
     let min_hold = spec.min_hold.filter(|_| !sabotaged!(NoMinHold));
     let locks = spec.locks.clone();
     let clock = locks.client().lease_clock().clone();
     let started = clock.now();
     let acquired = super::acquire::acquire(spec).await?;
     span.record("fencing_token", acquired.lease.fencing_token());
-    tracing::debug!(
+    // INFO, with host and pid: an operator finds a holder by its fence.
+    tracing::info!(
         key = acquired.lease.key(),
         fencing_token = acquired.lease.fencing_token(),
+        host = crate::telemetry::host(),
+        pid = std::process::id(),
         "lock acquired"
     );
     let cap = max_hold.map(|d| MaxHold::after(d, clock.now(), &locks));
@@ -117,6 +120,12 @@ impl Holding {
     /// told); one that cannot be made leaves the outcome (the work was
     /// covered), logged at WARN and counted.
     pub(crate) async fn finish(self) -> (Option<LockLost>, Result<()>) {
+        let (lost, released, _) = self.finish_reporting().await;
+        (lost, released)
+    }
+
+    /// [`finish`](Self::finish), and what became of the minimum hold.
+    pub(crate) async fn finish_reporting(self) -> (Option<LockLost>, Result<()>, MinHold) {
         let state = self.state.clone();
         let now = state.clock.now();
         let left = self
@@ -132,11 +141,18 @@ impl Holding {
                         .cap_at()
                         .is_none_or(|cap| cap.saturating_sub(now) >= validate::MIN_TTL)
             });
+        // Asked for, and not reached: kept unless lost or stopped short.
+        let asked = self.min_until.is_some();
         if let Some(left) = left {
             return match self.keep_for(left).await {
-                (Some(loss), _) => (Some(loss), Ok(())),
-                (None, Ok(())) => (None, Ok(())),
-                (None, Err(failed)) if taken_by_another(&failed) => (Some(failed), Ok(())),
+                (Some(loss), _) => (Some(loss), Ok(()), MinHold::NotKept),
+                (None, Ok(())) if sabotaged!(KeptReportedNotKept) => {
+                    (None, Ok(()), MinHold::NotKept)
+                }
+                (None, Ok(())) => (None, Ok(()), MinHold::Kept),
+                (None, Err(failed)) if taken_by_another(&failed) => {
+                    (Some(failed), Ok(()), MinHold::NotKept)
+                }
                 (None, Err(failed)) => {
                     crate::telemetry::min_hold_not_kept();
                     tracing::warn!(
@@ -145,11 +161,19 @@ impl Holding {
                         "minimum hold not kept: the lease ends at its last expiry, before the \
                          minimum's end"
                     );
-                    (None, Ok(()))
+                    (None, Ok(()), MinHold::NotKept)
                 }
             };
         }
-        self.finish_now().await
+        let passed = self.min_until.is_some_and(|end| state.clock.now() >= end);
+        let (lost, released) = self.finish_now().await;
+        let min_hold = match (asked, passed) {
+            (false, _) => MinHold::NotAsked,
+            (true, true) if lost.is_none() => MinHold::Passed,
+            // Lost first, or cut short by `max_hold`: released at once.
+            (true, _) => MinHold::NotKept,
+        };
+        (lost, released, min_hold)
     }
 
     /// [`finish`](Self::finish) without the minimum hold: released now.
@@ -370,20 +394,4 @@ fn taken_by_another(lost: &LockLost) -> bool {
         || lost
             .cause()
             .is_some_and(|cause| cause.is_ownership_lost() || cause.is_lock_held())
-}
-
-/// A minimum hold that fits: at most the longest lease and the hold's
-/// `max_hold`.
-pub(crate) fn check_min_hold(min_hold: Option<Duration>, max_hold: Option<Duration>) -> Result<()> {
-    match (min_hold, max_hold) {
-        (Some(min), _) if min > validate::MAX_TTL => Err(Error::invalid(
-            "min_hold must be at most 90 days (the longest a lease lives)",
-        )),
-        (Some(min), Some(max)) if min > max => Err(Error::invalid(format!(
-            "min_hold ({}) must not exceed max_hold ({}): the lock cannot be kept longer than it may be held",
-            validate::seconds(min),
-            validate::seconds(max)
-        ))),
-        _ => Ok(()),
-    }
 }

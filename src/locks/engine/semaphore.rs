@@ -102,7 +102,7 @@ pub(crate) async fn acquire(spec: PermitSpec) -> Result<HeldLock> {
     {
         return Err(Error::invalid("max_hold must be at least 1 s"));
     }
-    hold::check_min_hold(spec.min_hold, spec.options.max_hold)?;
+    validate::min_hold(spec.min_hold, spec.options.max_hold)?;
     if spec.options.timeout.is_some_and(|t| t.is_zero()) {
         return Err(Error::invalid("timeout must be greater than zero"));
     }

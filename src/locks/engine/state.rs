@@ -406,6 +406,10 @@ mod tests {
         assert_eq!(renewal_delay(S(30), S(25), 0.5), S(15));
         // ttl 300 -> 60 s cap.
         assert_eq!(renewal_delay(S(300), S(300), 0.5), S(60));
+        // The longest, with the jitter: what `LONGEST_RENEWAL_INTERVAL`
+        // promises (and `locks diagnose` waits).
+        let longest = renewal_delay(validate::MAX_TTL, validate::MAX_TTL, 1.0);
+        assert_eq!(longest, crate::LONGEST_RENEWAL_INTERVAL);
         // ttl 5 -> about 1.67 s.
         let d = renewal_delay(S(5), S(5), 0.5);
         assert!(

@@ -65,6 +65,34 @@ impl HeldLock {
         }
     }
 
+    /// [`release`](Self::release), and what became of its
+    /// [`min_hold`](crate::Hold::min_hold): kept by the service until the
+    /// minimum's end, passed already, or not kept (the renewal that keeps
+    /// it failed), so that a caller can say so. `volcano locks run`'s
+    /// summary reports it as `min_hold_kept`. The same requests as
+    /// `release`.
+    ///
+    /// ```no_run
+    /// # async fn demo(locks: volcano::Locks) -> Result<(), volcano::Error> {
+    /// use std::time::Duration;
+    /// use volcano::MinHold;
+    /// let held = locks
+    ///     .hold("report", Duration::from_secs(30))
+    ///     .min_hold(Duration::from_secs(60))
+    ///     .await?;
+    /// // ... the work, done in seconds ...
+    /// if held.release_reporting().await? == MinHold::NotKept {
+    ///     eprintln!("the report may run again on a late host this period");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub async fn release_reporting(self) -> Result<MinHold> {
+        match self.holding.finish_reporting().await {
+            (Some(lost), _, _) => Err(Error::LockLost(lost)),
+            (None, released, min_hold) => released.map(|()| min_hold),
+        }
+    }
+
     /// Releases now, as [`release`](Self::release) does without a minimum
     /// hold, whatever its [`min_hold`](crate::Hold::min_hold): for work
     /// that never began (a command that could not be started, say), which
@@ -86,6 +114,26 @@ impl HeldLock {
     pub(crate) async fn finish_now(self) -> (Option<LockLost>, Result<()>) {
         self.holding.finish_now().await
     }
+}
+
+/// What a release did with a hold's [`min_hold`](crate::Hold::min_hold)
+/// ([`HeldLock::release_reporting`](HeldLock::release_reporting)).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum MinHold {
+    /// The hold had no minimum: released.
+    NotAsked,
+    /// The minimum had passed when the work ended: released.
+    Passed,
+    /// The work ended before the minimum: the service keeps the key until
+    /// the minimum's end (one renewal set its expiry there), nothing was
+    /// released.
+    Kept,
+    /// Not kept: the renewal that keeps it failed (the key is free at the
+    /// lease's last expiry, before the minimum's end; logged at WARN and
+    /// counted in `volcano_min_hold_not_kept_total`), the lock was lost,
+    /// or `max_hold` ended the hold first.
+    NotKept,
 }
 
 impl std::fmt::Debug for HeldLock {

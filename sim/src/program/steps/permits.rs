@@ -10,7 +10,7 @@ use std::time::Duration;
 use crate::log::Event;
 use crate::program::ctx::Ctx;
 use crate::program::op::{one_in, poll_for};
-use volcano::{HeldLock, LostReason};
+use volcano::{HeldLock, LostReason, MinHold};
 
 impl Ctx {
     /// Works under a permit: half the time in a `with_permit` scope on
@@ -324,14 +324,25 @@ impl Ctx {
                 capped: false,
             });
         }
-        let released = held.release().await;
+        // What the SDK says became of the minimum: judged against the
+        // service's journal (`check::minimum`).
+        let (released, reported) = match held.release_reporting().await {
+            Ok(reported) => (Ok(()), Some(reported)),
+            Err(err) => (Err(err), None),
+        };
         if !asked {
             return self.released(&key, released);
         }
-        let kept = released.is_ok()
+        let kept = reported == Some(MinHold::Kept)
             && guard
                 .failure()
                 .is_some_and(|lost| lost.reason() == LostReason::Released);
+        self.log.push(Event::MinimumReported {
+            client: self.id,
+            key: key.clone(),
+            fence,
+            kept: reported == Some(MinHold::Kept),
+        });
         self.log.push(Event::MinimumEnded {
             client: self.id,
             key: key.clone(),
