@@ -2,71 +2,18 @@
 //! against the mock server.
 #![cfg(all(feature = "cli", unix))]
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Stdio;
+
 use std::time::Duration;
+use tokio::process::Command;
 
 use serde_json::Value;
-use tokio::process::{Child, Command};
 use volcano_mock_server::{MockServer, Operation};
 
-/// The CLI with the mock server's URL and keys, the given extra
-/// environment, `args`, standard input closed, and out of any terminal's
-/// foreground (a group of its own), as under cron or a supervisor, even
-/// when the tests run in a terminal.
-fn volcano(server: &MockServer, args: &[&str]) -> Command {
-    let mut command = Command::new(env!("CARGO_BIN_EXE_volcano"));
-    command
-        .process_group(0)
-        .args(args)
-        .env_clear()
-        .env("PATH", std::env::var_os("PATH").unwrap_or_default())
-        .env("VOLCANO_API_URL", server.url())
-        .env("VOLCANO_SERVICE_KEY", server.service_key())
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    command
-}
-
-/// The members of `locks run`'s summary, in order (serde_json sorts them).
-const SUMMARY_MEMBERS: [&str; 9] = [
-    "at_risk",
-    "exit_code",
-    "fencing_token",
-    "held_secs",
-    "key",
-    "lost",
-    "lost_reason",
-    "signal",
-    "started",
-];
-
-struct Ended {
-    code: Option<i32>,
-    stdout: String,
-    stderr: String,
-}
-
-impl Ended {
-    /// The summary object: the last line of standard output.
-    fn summary(&self) -> Value {
-        let line = self.stdout.lines().last().unwrap_or_default();
-        serde_json::from_str(line).unwrap_or_else(|e| panic!("{e}: {}", self.stdout))
-    }
-}
-
-async fn ended(child: Child) -> Ended {
-    let output = tokio::time::timeout(Duration::from_secs(60), child.wait_with_output())
-        .await
-        .expect("the CLI ends")
-        .unwrap();
-    Ended {
-        code: output.status.code(),
-        stdout: String::from_utf8_lossy(&output.stdout).into_owned(),
-        stderr: String::from_utf8_lossy(&output.stderr).into_owned(),
-    }
-}
+#[path = "common/cli.rs"]
+mod cli;
+use cli::{closed_pipe, ended, live, scratch, sigterm, volcano, SUMMARY_MEMBERS};
 
 /// Another operator force-releases `key` with the CLI.
 async fn force_release(server: &MockServer, key: &str) {
@@ -75,24 +22,6 @@ async fn force_release(server: &MockServer, key: &str) {
         .await
         .unwrap();
     assert_eq!(admin.status.code(), Some(0), "{admin:?}");
-}
-
-/// Sends SIGTERM to the CLI process.
-fn sigterm(child: &Child) {
-    let pid = rustix::process::Pid::from_raw(child.id().unwrap() as i32).unwrap();
-    rustix::process::kill_process(pid, rustix::process::Signal::TERM).unwrap();
-}
-
-fn live(server: &MockServer, key: &str) -> bool {
-    server.locks().iter().any(|l| l.key == key && l.live)
-}
-
-/// A scratch directory for the child's marker files.
-fn scratch(name: &str) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("volcano-run-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
 }
 
 /// A shell script that records SIGTERM in `mark` and exits 0 on it, and
@@ -156,7 +85,8 @@ async fn a_command_that_outlives_several_renewals_keeps_the_lock_and_gives_its_e
 }
 
 /// Renewals answered 503 twice, then accepted: the command goes on, the
-/// episode is said once on standard error and counted in the summary.
+/// episode is said once on standard error (the SDK's WARN line, JSON with
+/// `--output json`) and counted in the summary.
 #[tokio::test]
 async fn renewals_failing_for_a_while_are_said_once_and_counted() {
     use volcano_mock_server::Fault;
@@ -186,7 +116,7 @@ async fn renewals_failing_for_a_while_are_said_once_and_counted() {
     assert_eq!(summary["lost"], false, "{summary}");
     assert_eq!(summary["at_risk"], 1, "{summary}");
     assert_eq!(
-        ended.stderr.matches("at risk").count(),
+        ended.stderr.matches("lock at risk:").count(),
         1,
         "{}",
         ended.stderr
@@ -902,13 +832,6 @@ async fn a_lock_taken_over_before_any_renewal_exits_8() {
     let state = other.get("report").await.unwrap();
     assert_eq!(state.fencing_token(), Some(theirs.fencing_token()));
     assert!(state.held());
-}
-
-/// A pipe whose reading end is already closed (`... | true`).
-fn closed_pipe() -> Stdio {
-    let (sender, receiver) = tokio::net::unix::pipe::pipe().unwrap();
-    drop(receiver);
-    Stdio::from(sender.into_blocking_fd().unwrap())
 }
 
 #[tokio::test]

@@ -2,7 +2,7 @@
 //! acquire, renew, release and force-release. Each returns the value
 //! `output::print` shows.
 
-use std::io::{BufRead, IsTerminal, Write};
+use std::io::{BufRead, IsTerminal};
 use std::time::Duration;
 
 use serde_json::{json, Value};
@@ -10,7 +10,7 @@ use volcano::{AcquireOptions, LockState, Locks};
 
 use crate::args::LockCommand;
 use crate::exit::{self, fail, Failure};
-use crate::output::{lease_json, state_json};
+use crate::output::{lease_json, say, say_raw, state_json};
 use crate::run::lease_of;
 
 /// Runs any command but `run`.
@@ -50,8 +50,17 @@ pub(crate) async fn execute(locks: &Locks, command: LockCommand) -> Result<Value
         LockCommand::Release { key, token, ids } => {
             release(locks, key, token, ids.request_id).await
         }
-        LockCommand::ForceRelease { key, yes, ids } => {
-            force_release(locks, key, yes, ids.request_id).await
+        LockCommand::ForceRelease {
+            key,
+            yes,
+            if_fencing_token,
+            ids,
+        } => force_release(locks, key, yes, if_fencing_token, ids.request_id).await,
+        LockCommand::Diagnose { key, interval } => {
+            if interval < Duration::from_millis(100) {
+                return Err(fail(exit::INVALID, "--interval must be at least 100ms"));
+            }
+            crate::diagnose::diagnose(locks, &key, interval).await
         }
         LockCommand::Run { .. } | LockCommand::Watch { .. } => {
             unreachable!("run and watch are handled by main's execute")
@@ -146,15 +155,21 @@ async fn release(
 }
 
 /// Warns, looks at the lock, asks for the key to be typed back unless
-/// `--yes`, and drops whatever lease holds it.
+/// `--yes`, and drops whatever lease holds it: with `expected`, only the
+/// lease of that fencing token.
 async fn force_release(
     locks: &Locks,
     key: String,
     yes: bool,
+    expected: Option<i64>,
     request_id: Option<String>,
 ) -> Result<Value, Failure> {
     warn_before_forcing(&key, yes)?;
-    let before = look_before(locks, &key, yes).await?;
+    // With a token to check, a failed look releases nothing.
+    let before = look_before(locks, &key, yes && expected.is_none()).await?;
+    if let (Some(expected), Some(seen)) = (expected, &before) {
+        check_fence(&key, seen, expected)?;
+    }
     if let (false, Some(seen)) = (yes, &before) {
         confirm_unchanged(locks, &key, seen).await?;
     }
@@ -172,11 +187,11 @@ async fn force_release(
 /// standard input must be a terminal to ask on.
 fn warn_before_forcing(key: &str, yes: bool) -> Result<(), Failure> {
     if !yes || std::io::stderr().is_terminal() {
-        eprintln!(
+        say(format_args!(
             "warning: force-release breaks mutual exclusion: the current holder of {key:?} keeps \
              running until its next renewal fails. It is safe only if the protected resource \
              checks fencing tokens."
-        );
+        ));
     }
     if !yes && !std::io::stdin().is_terminal() {
         return Err(fail(
@@ -187,13 +202,35 @@ fn warn_before_forcing(key: &str, yes: bool) -> Result<(), Failure> {
     Ok(())
 }
 
+/// `--if-fencing-token`: the lease seen must be the one named.
+fn check_fence(key: &str, seen: &LockState, expected: i64) -> Result<(), Failure> {
+    match seen.fencing_token().filter(|_| seen.held()) {
+        Some(fence) if fence == expected => Ok(()),
+        Some(fence) => Err(fail(
+            exit::ABORTED,
+            format!(
+                "{key} is held by fencing token {fence}, not {expected}: another holder took it \
+                 since; nothing was released"
+            ),
+        )),
+        None => Err(fail(
+            exit::ABORTED,
+            format!(
+                "{key} is free (fencing token {expected} no longer holds it); nothing was released"
+            ),
+        )),
+    }
+}
+
 /// What was there, to report and to show before confirming. With --yes a
 /// failed look does not block the recovery.
 async fn look_before(locks: &Locks, key: &str, yes: bool) -> Result<Option<LockState>, Failure> {
     match locks.get(key).await {
         Ok(state) => Ok(Some(state)),
         Err(err) if yes => {
-            eprintln!("volcano: could not read the lock first ({err}); releasing anyway");
+            say(format_args!(
+                "volcano: could not read the lock first ({err}); releasing anyway"
+            ));
             Ok(None)
         }
         Err(err) => Err(err.into()),
@@ -218,11 +255,10 @@ async fn confirm_unchanged(locks: &Locks, key: &str, seen: &LockState) -> Result
 fn confirm(key: &str, state: &LockState) -> Result<(), Failure> {
     let stdin = std::io::stdin();
     match state.fencing_token().filter(|_| state.held()) {
-        Some(fence) => eprintln!("{key} is held (fencing token {fence})."),
-        None => eprintln!("{key} is free."),
-    }
-    eprint!("Type the key ({key}) to force-release it: ");
-    let _ = std::io::stderr().flush();
+        Some(fence) => say(format_args!("{key} is held (fencing token {fence}).")),
+        None => say(format_args!("{key} is free.")),
+    };
+    say_raw(format_args!("Type the key ({key}) to force-release it: "));
     let mut answer = String::new();
     stdin
         .lock()

@@ -233,11 +233,40 @@ pub(crate) enum LockCommand {
         #[arg(long, value_name = "N")]
         permits: Option<u32>,
     },
+    /// Is anyone still renewing KEY? Watch it until one of: free (not held
+    /// at the first look), renewed (its expiry moved: a live holder),
+    /// released (freed before its expiry), expired (ran out unrenewed) or
+    /// unrenewed (still held, not renewed for 66 s: longer than any holder
+    /// using this SDK or the CLI leaves between renewals).
+    ///
+    /// Never watches longer than those 66 s (less when the lease expires
+    /// sooner), by this machine's clock or the service's. Exit 0 for every
+    /// verdict; with --output json, one object with "verdict". One request
+    /// every --interval (2s: at most 35, about 6% of a 600/min quota); a 429
+    /// or a transient failure is waited out.
+    ///
+    /// To find the holder, look for its fencing token in your logs: `locks
+    /// run` (at INFO unless --quiet), `with_lock` and `hold` log "lock
+    /// acquired" with key, fencing_token, host and pid.
+    Diagnose {
+        /// The lock key: 1 to 128 letters, digits, '.', '_', ':' or '-',
+        /// starting with a letter or digit.
+        key: String,
+        /// Time between two looks (at least 100ms).
+        #[arg(long, value_parser = parse_duration, default_value = "2s")]
+        interval: Duration,
+    },
     /// Drop whatever lease holds KEY (recovery after a holder died).
     ///
     /// This breaks mutual exclusion: the displaced holder keeps running until
     /// its next renewal fails. Use it only when the protected resource checks
     /// fencing tokens.
+    ///
+    /// With --if-fencing-token N only the lease you looked at is dropped:
+    /// the lock is read first, and if its fencing token is not N (another
+    /// holder took it since, or it is free) nothing is released and the exit
+    /// code is 7. The check and the release are two requests: a lease that
+    /// changes hands in the milliseconds between them is still dropped.
     ForceRelease {
         /// The lock key: 1 to 128 letters, digits, '.', '_', ':' or '-',
         /// starting with a letter or digit.
@@ -245,6 +274,10 @@ pub(crate) enum LockCommand {
         /// Do not ask for confirmation.
         #[arg(long)]
         yes: bool,
+        /// Release only if the lock's fencing token is N now (from `locks
+        /// get` or `locks diagnose`); else exit 7 and release nothing.
+        #[arg(long, value_name = "N")]
+        if_fencing_token: Option<i64>,
         #[command(flatten)]
         ids: RequestId,
     },

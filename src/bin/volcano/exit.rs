@@ -28,7 +28,7 @@ pub(crate) const TABLE: [(u8, &str); 12] = [
     (AUTH, "authentication refused"),
     (RATE_LIMITED, "rate limited: the project's quota is spent until the window ends"),
     (UNAVAILABLE, "outcome unknown: a server or transport error, or an answer that could not be used; the request may have been applied (run an acquire again with the same --token and --request-id to recover the lease)"),
-    (ABORTED, "force-release not confirmed; nothing was released"),
+    (ABORTED, "force-release not confirmed, or --if-fencing-token did not match; nothing was released"),
     (LOST, "`run`: the lock was lost while the command ran (also when only its final release found another owner)"),
     (MAX_HOLD, "`run`: --max-hold ended the command"),
     (NOT_SENT, "could not connect: nothing was sent, the lock is unchanged"),

@@ -6,15 +6,24 @@
 //! ```
 //!
 //! This file only wires the parts together: `args` (flags and help text),
-//! `request` (the optional flags applied to the SDK's builders), `admin`
-//! (get, acquire, renew, release, force-release), `watch`, `run` and `child`
-//! (`locks run` and its child process), `output` (what is printed) and
-//! `exit` (exit codes and the failure that carries one).
+//! `admin` (get, status, acquire, renew, release, force-release and
+//! diagnose's entry), `diagnose` (is anyone renewing a key?), `watch`,
+//! `run` and `child` (`locks run` and its child process), `status` (the
+//! line shown while waiting), `output` (what is printed), `log` (the SDK's
+//! log lines on standard error) and `exit` (exit codes and the failure
+//! that carries one).
+//!
+//! Nothing here prints with `println!` or `eprintln!`: they panic when the
+//! output is gone, and a CLI that supervises a lock must outlive its
+//! readers. Every write goes through `output` (the lints below hold it).
+#![deny(clippy::print_stdout, clippy::print_stderr)]
 
 mod admin;
 mod args;
 mod child;
+mod diagnose;
 mod exit;
+mod log;
 mod output;
 mod run;
 mod status;
@@ -47,6 +56,14 @@ async fn main() -> ExitCode {
         Err(err) => return usage(err),
     };
     let format = cli.output;
+    // `locks run` says at INFO which host and process took the lock (an
+    // operator finds a holder by its fencing token); --quiet leaves that
+    // out. Everything else: warnings and errors.
+    let level = match &cli.command {
+        Command::Locks(LockCommand::Run { quiet: false, .. }) => "warn,volcano=info",
+        Command::Locks(_) => "warn",
+    };
+    log::install(format, level);
     match execute(cli).await {
         Ok(Done::Value(value)) => {
             if output::print(format, &value) {
@@ -151,6 +168,27 @@ async fn execute(cli: Cli) -> Result<Done, Failure> {
 /// unknown flag: a key cannot start with `-`, and a value that does goes
 /// after `--`.
 fn usage(err: clap::Error) -> ExitCode {
+    let code = u8::try_from(err.exit_code()).unwrap_or(exit::INVALID);
+    let shown = matches!(
+        err.kind(),
+        clap::error::ErrorKind::DisplayHelp
+            | clap::error::ErrorKind::DisplayVersion
+            | clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+    );
+    if !shown && json_asked() {
+        // The documented error object, as for any other failure: clap's
+        // message without its `error: ` and its closing tip.
+        let text = err.render().to_string();
+        let message = text
+            .lines()
+            .map(str::trim_end)
+            .filter(|line| !line.is_empty() && !line.starts_with("For more information"))
+            .collect::<Vec<_>>()
+            .join(" ");
+        let message = message.strip_prefix("error: ").unwrap_or(&message);
+        output::report(args::Output::Json, &fail(code, message));
+        return ExitCode::from(code);
+    }
     // Only a single-dash word (`-lock`), not a misspelt `--flag`.
     let dashed_word = matches!(
         err.get(clap::error::ContextKind::InvalidArg),
@@ -159,12 +197,25 @@ fn usage(err: clap::Error) -> ExitCode {
     let unknown = err.kind() == clap::error::ErrorKind::UnknownArgument && dashed_word;
     let _ = err.print();
     if unknown {
-        eprintln!(
+        output::say(
             "\nnote: lock keys start with a letter or digit, so a KEY cannot start with '-'; \
-             to pass any other value that starts with '-', put it after `--`"
+             to pass any other value that starts with '-', put it after `--`",
         );
     }
-    ExitCode::from(u8::try_from(err.exit_code()).unwrap_or(exit::INVALID))
+    ExitCode::from(code)
+}
+
+/// Whether the command line asks for `--output json` (read by hand: clap
+/// could not parse it), before any `--` (a command's own arguments).
+fn json_asked() -> bool {
+    let args: Vec<_> = std::env::args_os()
+        .skip(1)
+        .take_while(|arg| arg != "--")
+        .collect();
+    args.iter().any(|arg| arg == "--output=json")
+        || args
+            .windows(2)
+            .any(|pair| pair[0] == "--output" && pair[1] == "json")
 }
 
 /// The client, from the flags and the environment. Without a service key
@@ -200,11 +251,11 @@ fn connect(
     // Only once the URL was accepted: a refused one sends nothing. The
     // SDK decides what is loopback, as it did to accept the URL.
     if client.sends_key_in_clear() {
-        eprintln!(
+        output::say(format_args!(
             "volcano: warning: --allow-insecure-http: the service key goes to {} in clear \
              text (and through any HTTP proxy)",
             origin(client.api_url())
-        );
+        ));
     }
     Ok(client)
 }
@@ -229,10 +280,10 @@ async fn shut_down(client: &Client) {
     let window = client.timeout() + volcano::LATE_TRY_MARGIN + Duration::from_secs(5);
     let unreleased = client.shutdown(window.min(Duration::from_secs(15))).await;
     if !unreleased.is_empty() {
-        eprintln!(
+        output::say(format_args!(
             "volcano: warning: {} may still be held until its ttl (a release did not finish, \
              or a try of the acquire may still land within --timeout and 2 s)",
             unreleased.join(", ")
-        );
+        ));
     }
 }

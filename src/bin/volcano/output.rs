@@ -2,10 +2,15 @@
 //! standard output; `run`'s warning and summary; a failure on standard
 //! error.
 //!
-//! Standard output may be a pipe whose reader has gone (`... | head -1`):
-//! that is an ordinary event, never a panic. A line that cannot be written
-//! is reported to the caller (`line` returns `false`), and `closed()`
-//! notices a closed output without writing to it.
+//! Standard output and standard error may be a pipe whose reader has gone
+//! (`... | head -1`, a log shipper that died), a full disk or a closed
+//! descriptor: that is an ordinary event, never a panic, and it changes
+//! nothing else the command does (renewals go on, the release is sent,
+//! the exit code is one the docs list). Every write goes through `line`
+//! (standard output) or `say` and `say_raw` (standard error), which report
+//! a failed write to the caller instead of panicking as `println!` and
+//! `eprintln!` do; `closed()` notices a closed output without writing to
+//! it.
 
 use std::fmt::Display;
 use std::io::Write as _;
@@ -55,6 +60,19 @@ pub(crate) fn lease_json(lease: &LockLease, show_token: bool) -> Value {
 pub(crate) fn line(text: impl Display) -> bool {
     let mut out = std::io::stdout().lock();
     writeln!(out, "{text}").and_then(|()| out.flush()).is_ok()
+}
+
+/// One line on standard error; `false` when it could not be written. The
+/// only way the CLI writes there (with [`say_raw`]).
+pub(crate) fn say(text: impl Display) -> bool {
+    say_raw(format_args!("{text}\n"))
+}
+
+/// Text on standard error as it is (no newline added), flushed: the
+/// status line's redraws, the confirmation's prompt.
+pub(crate) fn say_raw(text: impl Display) -> bool {
+    let mut err = std::io::stderr().lock();
+    write!(err, "{text}").and_then(|()| err.flush()).is_ok()
 }
 
 /// Resolves once nobody can read standard output (the reading end of its
@@ -146,7 +164,7 @@ pub(crate) fn print(output: Output, value: &Value) -> bool {
             written &= line(format_args!("token: {token}"));
         }
         if let Some(note) = value.get("note").and_then(Value::as_str) {
-            eprintln!("note: {note}");
+            say(format_args!("note: {note}"));
         }
         written
     } else {
@@ -159,7 +177,7 @@ pub(crate) fn print(output: Output, value: &Value) -> bool {
 /// reads it: the exit code is the command's either way).
 pub(crate) fn ended(output: Output, ran: &Ran) {
     if let Some(warning) = &ran.warning {
-        eprintln!("volcano: {warning}");
+        say(format_args!("volcano: {warning}"));
     }
     if output == Output::Json {
         let _ = line(&ran.summary);
@@ -175,7 +193,7 @@ pub(crate) fn report(output: Output, failure: &Failure) {
     if failure.skipped && output == Output::Json {
         let value =
             json!({ "skipped": true, "message": failure.message, "exit_code": failure.code });
-        eprintln!("{value}");
+        say(value);
         return;
     }
     let error = failure.error.as_deref();
@@ -192,7 +210,7 @@ pub(crate) fn report(output: Output, failure: &Failure) {
             "request_id": request_id,
             "retry_after_secs": retry_after,
         });
-        eprintln!("{value}");
+        say(value);
         return;
     }
     // Status and code once: API errors already say them in the message.
@@ -210,8 +228,12 @@ pub(crate) fn report(output: Output, failure: &Failure) {
         details.push(format!("retry after {secs}s"));
     }
     if details.is_empty() {
-        eprintln!("volcano: {}", failure.message);
+        say(format_args!("volcano: {}", failure.message));
     } else {
-        eprintln!("volcano: {} [{}]", failure.message, details.join(", "));
+        say(format_args!(
+            "volcano: {} [{}]",
+            failure.message,
+            details.join(", ")
+        ));
     }
 }

@@ -89,6 +89,8 @@ struct Holding<'a> {
     key: &'a str,
     fence: i64,
     started: Instant,
+    /// `--min-hold`, from `started`.
+    min_hold: Option<Duration>,
 }
 
 /// What was done to stop the command after a loss, and what the lock
@@ -126,6 +128,7 @@ pub(crate) async fn run(locks: &Locks, args: RunArgs) -> Result<Ran, Failure> {
         key: &key,
         fence,
         started,
+        min_hold: args.min_hold,
     };
     let own_group = !in_terminal_foreground();
     let spawned = spawn(program, program_args, holding.key, holding.fence, own_group);
@@ -169,13 +172,13 @@ async fn supervise(
                 signal_child(child, own_group, Stop::Terminate);
             }
             () = held.at_risk_changed(), if lost_at.is_none() => {
-                // Said once an episode, when it begins; the command goes on.
-                let risk = held.at_risk();
-                if let (false, Some(risk)) = (risky, &risk) {
+                // Counted once an episode, when it begins; the command goes
+                // on. The SDK's WARN line says it (`log.rs`).
+                let risk = held.at_risk().is_some();
+                if risk && !risky {
                     at_risk += 1;
-                    eprintln!("volcano: warning: {risk}; the command goes on");
                 }
-                risky = risk.is_some();
+                risky = risk;
             }
             _ = sleep_until(kill_at), if kill_at.is_some() && !killed => {
                 killed = true;

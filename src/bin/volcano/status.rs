@@ -68,7 +68,10 @@ impl Line {
     fn show(&self, text: &str) {
         // Short enough for one row of a narrow terminal (no key in it: a
         // key can be 128 characters), so `\r` and a clear redraw it all.
-        eprint!("\r\x1b[2K{}", text.chars().take(78).collect::<String>());
+        crate::output::say_raw(format_args!(
+            "\r\x1b[2K{}",
+            text.chars().take(78).collect::<String>()
+        ));
         self.shown.set(true);
     }
 }
@@ -76,7 +79,7 @@ impl Line {
 impl Drop for Line {
     fn drop(&mut self) {
         if self.shown.get() {
-            eprint!("\r\x1b[2K");
+            crate::output::say_raw("\r\x1b[2K");
         }
     }
 }

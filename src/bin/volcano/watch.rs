@@ -162,8 +162,8 @@ pub(crate) async fn watch(
 
 /// A failed look, on standard error.
 fn said_failed(key: &str, err: &Error, pause: Duration) {
-    eprintln!(
+    crate::output::say(format_args!(
         "volcano: watch: get {key} failed ({err}); next try in {:.1} s",
         pause.as_secs_f32()
-    );
+    ));
 }

@@ -7,6 +7,7 @@ use volcano::{Error, HeldLock, LockLease, Locks};
 use super::{lease_of, RunArgs};
 use crate::child::Signals;
 use crate::exit::{fail, Failure};
+use crate::output::say;
 
 /// Acquires the lock. A signal while waiting for it ends the wait. A lease
 /// the dropped or failed acquire may have obtained is released: by the
@@ -78,18 +79,22 @@ async fn release_own(locks: &Locks, key: &str, token: Option<&str>, late: bool) 
         // A try of the acquire may still land (held on its way, or behind
         // a gateway that answered 5xx). The token is the caller's: they
         // recover or release it once no try can land.
-        Ok(()) if late => eprintln!(
-            "volcano: warning: a try of the acquire may still be applied in the next {} s \
-             and hold {key} under your --token; acquire again with it, or release it, \
-             after then",
-            (locks.client().timeout() + volcano::LATE_TRY_MARGIN).as_secs()
-        ),
+        Ok(()) if late => {
+            say(format_args!(
+                "volcano: warning: a try of the acquire may still be applied in the next {} s \
+                 and hold {key} under your --token; acquire again with it, or release it, \
+                 after then",
+                (locks.client().timeout() + volcano::LATE_TRY_MARGIN).as_secs()
+            ));
+        }
         Ok(()) => {}
         // The token is the caller's: they can still release it.
-        Err(err) => eprintln!(
-            "volcano: warning: {key} may still be held under your --token until its ttl \
-             (the release after the failed acquire failed: {err})"
-        ),
+        Err(err) => {
+            say(format_args!(
+                "volcano: warning: {key} may still be held under your --token until its ttl \
+                 (the release after the failed acquire failed: {err})"
+            ));
+        }
     }
 }
 

@@ -5,7 +5,7 @@ use std::process::ExitStatus;
 use std::time::Duration;
 
 use serde_json::json;
-use volcano::{Error, LockLost};
+use volcano::{Error, LockLost, MinHold};
 
 use super::{Holding, Ran, Stopped};
 use crate::child::{describe, shell_code, Signals};
@@ -34,6 +34,7 @@ pub(super) async fn not_started(holding: Holding<'_>, program: &str, err: &std::
         started: false,
         loss: None,
         at_risk: 0,
+        min_hold_kept: None,
     }
     .json(holding.key, holding.fence, holding.started.elapsed());
     Ran {
@@ -51,6 +52,9 @@ struct Summary<'a> {
     started: bool,
     loss: Option<&'a volcano::LockLost>,
     at_risk: u32,
+    /// `--min-hold`: whether the key stays held until the minimum's end
+    /// (`None` without one, or when that could not be read).
+    min_hold_kept: Option<bool>,
 }
 
 impl Summary<'_> {
@@ -65,6 +69,7 @@ impl Summary<'_> {
             "lost_reason": self.loss.map(|l| l.reason().to_string()),
             "at_risk": self.at_risk,
             "held_secs": secs(held_for),
+            "min_hold_kept": self.min_hold_kept,
         })
     }
 }
@@ -87,12 +92,15 @@ pub(super) async fn finish(
     // minimum is being handed to the service ends that at once (the lease
     // is then released in the background, which the CLI's closing
     // shutdown waits for).
-    let released = if stopped.signalled {
-        holding.held.release_now().await
+    let (released, min_hold) = if stopped.signalled {
+        (holding.held.release_now().await, MinHold::NotKept)
     } else {
         tokio::select! {
-            released = holding.held.release() => released,
-            _ = signals.next() => Ok(()),
+            released = holding.held.release_reporting() => match released {
+                Ok(min_hold) => (Ok(()), min_hold),
+                Err(err) => (Err(err), MinHold::NotKept),
+            },
+            _ = signals.next() => (Ok(()), MinHold::NotKept),
         }
     };
     // A release that found another token holding the lock proves a loss
@@ -103,8 +111,24 @@ pub(super) async fn finish(
         (loss, _) => loss,
     };
 
+    // Stopped from outside, the minimum is not kept (released at once);
+    // a release that ran out of tries in the background had passed it.
+    let min_hold_kept = match (holding.min_hold, min_hold) {
+        (None, _) => None,
+        (Some(min), _) if held_for >= min && loss.is_none() => Some(true),
+        (Some(_), MinHold::Kept | MinHold::Passed) => Some(true),
+        (Some(_), _) => Some(false),
+    };
+
     let (exit_code, signal) = describe(status);
     let mut warnings = Vec::new();
+    if min_hold_kept == Some(false) && loss.is_none() && !stopped.signalled {
+        warnings.push(format!(
+            "the minimum hold was not kept: {} may be free before the minimum's end \
+             (the renewal that keeps it failed; see the warning above)",
+            holding.key
+        ));
+    }
     let code = match &loss {
         Some(lost) => {
             warnings.push(lost_warning(lost, stopped));
@@ -128,6 +152,7 @@ pub(super) async fn finish(
         started: true,
         loss: loss.as_ref(),
         at_risk: stopped.at_risk,
+        min_hold_kept,
     }
     .json(holding.key, holding.fence, held_for);
     Ran {
