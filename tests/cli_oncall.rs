@@ -115,6 +115,38 @@ async fn a_broken_standard_error_changes_nothing_the_run_does() {
     }
 }
 
+/// A reader of standard error that is alive but never reads (a hung log
+/// shipper), with the command's own output filling the pipe: the SDK's
+/// warnings about failing renewals do not block the CLI's one thread, so
+/// renewals go on, the command's code comes back and the lock is
+/// released. Before, the first warning blocked the CLI for good.
+#[tokio::test]
+async fn a_stalled_standard_error_blocks_nothing() {
+    let server = MockServer::start().await;
+    server.inject(Fault::status(503).on(Operation::Renew).times(3));
+    let (stalled, reader) = tokio::net::unix::pipe::pipe().unwrap();
+    let fill = "(head -c 300000 /dev/zero >&2 &); sleep 4; exit 5";
+    let child = volcano(
+        &server,
+        &[
+            "locks", "run", "report", "--ttl", "5", "--", "/bin/sh", "-c", fill,
+        ],
+    )
+    .stderr(Stdio::from(stalled.into_blocking_fd().unwrap()))
+    .spawn()
+    .unwrap();
+    let ran = ended(child).await;
+    assert_eq!(ran.code, Some(5));
+    assert!(!live(&server, "report"), "released");
+    let renewed = server
+        .requests()
+        .iter()
+        .filter(|r| r.operation == Operation::Renew && r.status == Some(200))
+        .count();
+    assert!(renewed >= 1, "renewals went on");
+    drop(reader);
+}
+
 /// A failed keep of `--min-hold` is said: the SDK's WARN line on standard
 /// error, `min_hold_kept: false` in the summary (the exit code stays the
 /// command's). A kept minimum says `true`; no `--min-hold`, `null`.
@@ -250,17 +282,19 @@ async fn usage_errors_are_json_with_output_json() {
     assert!(serde_json::from_slice::<Value>(&out.stderr).is_err());
 }
 
+/// The gets of `key` the mock has answered.
+fn gets(server: &MockServer, key: &str) -> usize {
+    server
+        .requests()
+        .iter()
+        .filter(|r| r.operation == Operation::Get && r.key == key && r.status.is_some())
+        .count()
+}
+
 /// Waits until the mock has answered `n` gets of `key`.
 async fn gets_seen(server: &MockServer, key: &str, n: usize) {
-    let seen = || {
-        server
-            .requests()
-            .iter()
-            .filter(|r| r.operation == Operation::Get && r.key == key && r.status.is_some())
-            .count()
-    };
     tokio::time::timeout(Duration::from_secs(30), async {
-        while seen() < n {
+        while gets(server, key) < n {
             tokio::time::sleep(Duration::from_millis(20)).await;
         }
     })
@@ -359,13 +393,19 @@ async fn diagnose_says_free_renewed_released_expired_and_unrenewed() {
     assert_eq!(expired["verdict"], "expired", "{expired}");
 
     let fence = acquire(&server, "stuck", TOKEN, "3600").await;
-    let watching = diagnose(&server, "stuck");
+    let mut watching = diagnose(&server, "stuck");
     gets_seen(&server, "stuck", 1).await;
-    server.advance(Duration::from_secs(70));
+    // Not yet: 66 s is the longest interval, the watch adds 4 s for the
+    // renewal's trip (and counts the `Date` a second short).
+    server.advance(Duration::from_secs(66));
+    let looked = gets(&server, "stuck");
+    gets_seen(&server, "stuck", looked + 1).await;
+    assert!(watching.try_wait().unwrap().is_none(), "no verdict at 66 s");
+    server.advance(Duration::from_secs(9));
     let stuck = verdict(watching).await;
     assert_eq!(stuck["verdict"], "unrenewed", "{stuck}");
     assert_eq!(stuck["fencing_token"], fence);
-    assert!(stuck["watched_ms"].as_u64().unwrap() >= 66_000, "{stuck}");
+    assert!(stuck["watched_ms"].as_u64().unwrap() >= 70_000, "{stuck}");
     let advice = stuck["advice"].as_str().unwrap();
     assert!(
         advice.contains(&format!("--if-fencing-token {fence}")),

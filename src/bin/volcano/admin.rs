@@ -10,7 +10,7 @@ use volcano::{AcquireOptions, LockState, Locks};
 
 use crate::args::LockCommand;
 use crate::exit::{self, fail, Failure};
-use crate::output::{lease_json, say, say_raw, state_json};
+use crate::output::{lease_json, say, say_raw, state_json, warn};
 use crate::run::lease_of;
 
 /// Runs any command but `run`.
@@ -165,8 +165,22 @@ async fn force_release(
     request_id: Option<String>,
 ) -> Result<Value, Failure> {
     warn_before_forcing(&key, yes)?;
-    // With a token to check, a failed look releases nothing.
-    let before = look_before(locks, &key, yes && expected.is_none()).await?;
+    // With a token to check, a failed look releases nothing: exit 7.
+    let before = match (
+        expected,
+        look_before(locks, &key, yes && expected.is_none()).await,
+    ) {
+        (Some(_), Err(failure)) => {
+            return Err(fail(
+                exit::ABORTED,
+                format!(
+                    "could not read {key} to check its fencing token ({}); nothing was released",
+                    failure.message
+                ),
+            ))
+        }
+        (_, looked) => looked?,
+    };
     if let (Some(expected), Some(seen)) = (expected, &before) {
         check_fence(&key, seen, expected)?;
     }
@@ -228,8 +242,8 @@ async fn look_before(locks: &Locks, key: &str, yes: bool) -> Result<Option<LockS
     match locks.get(key).await {
         Ok(state) => Ok(Some(state)),
         Err(err) if yes => {
-            say(format_args!(
-                "volcano: could not read the lock first ({err}); releasing anyway"
+            warn(format_args!(
+                "could not read the lock first ({err}); releasing anyway"
             ));
             Ok(None)
         }
@@ -259,6 +273,7 @@ fn confirm(key: &str, state: &LockState) -> Result<(), Failure> {
         None => say(format_args!("{key} is free.")),
     };
     say_raw(format_args!("Type the key ({key}) to force-release it: "));
+    crate::stderr::drain(std::time::Duration::from_secs(2));
     let mut answer = String::new();
     stdin
         .lock()

@@ -236,14 +236,15 @@ pub(crate) enum LockCommand {
     /// Is anyone still renewing KEY? Watch it until one of: free (not held
     /// at the first look), renewed (its expiry moved: a live holder),
     /// released (freed before its expiry), expired (ran out unrenewed) or
-    /// unrenewed (still held, not renewed for 66 s: longer than any holder
-    /// using this SDK or the CLI leaves between renewals).
+    /// unrenewed (still held, not renewed for 70 s: the longest a holder
+    /// using this SDK or the CLI leaves between renewals, 66 s, and 4 s for
+    /// the renewal's own trip).
     ///
-    /// Never watches longer than those 66 s (less when the lease expires
+    /// Never watches longer than those 70 s (less when the lease expires
     /// sooner), by this machine's clock or the service's. Exit 0 for every
     /// verdict; with --output json, one object with "verdict". One request
-    /// every --interval (2s: at most 35, about 6% of a 600/min quota); a 429
-    /// or a transient failure is waited out.
+    /// every --interval (2s: at most 36, about 6% of a 600/min quota); a 429
+    /// or a transient failure is waited out (exit 6 if it lasts to the end).
     ///
     /// To find the holder, look for its fencing token in your logs: `locks
     /// run` (at INFO unless --quiet), `with_lock` and `hold` log "lock

@@ -2,18 +2,21 @@
 //!
 //! `locks get` says a key is held and until when; it cannot say whether its
 //! holder is alive. A holder using this SDK or the CLI renews at most
-//! [`volcano::LONGEST_RENEWAL_INTERVAL`] apart, so watching the key that
-//! long tells: its expiry moves (`renewed`: a live holder), it is freed
-//! before its expiry (`released`), it passes its expiry unrenewed
-//! (`expired`), or neither happens (`unrenewed`: held, and nobody renews
-//! it). A key free at the first look is `free`.
+//! [`volcano::LONGEST_RENEWAL_INTERVAL`] (66 s) apart, so watching the key
+//! that long, and [`MARGIN`] more for the renewal's own trip, tells: its
+//! expiry moves (`renewed`: a live holder), it is freed before its expiry
+//! (`released`), it passes its expiry unrenewed (`expired`), or neither
+//! happens (`unrenewed`: held, and nobody renews it). A key free at the
+//! first look is `free`.
 //!
-//! Time is read on the service's clock (each answer's `Date`) as well as
-//! this machine's, and the watch ends when either has run the interval: a
-//! test that moves the mock server's clock sees the verdict at once. One
-//! look every `--interval` (2 s: at most 35 looks, 6 % of a 600/min
-//! quota), and one just past the expiry when it comes first. A 429 or a
-//! transient failure is waited out and looked again, until the watch's end.
+//! Time is read on the service's clock (each answer's `Date`, whole
+//! seconds, counted a second short) as well as this machine's, and the
+//! watch ends when either has run [`WATCH`]: a test that moves the mock
+//! server's clock sees the verdict at once. One look every `--interval`
+//! (2 s: at most 36 looks, 6 % of a 600/min quota), and one just past the
+//! expiry when it comes first; a look still unanswered at the watch's end
+//! is given up. A 429 or a transient failure is waited out and looked
+//! again, until the watch's end.
 
 use std::time::Duration;
 
@@ -22,7 +25,17 @@ use serde_json::{json, Value};
 use tokio::time::Instant;
 use volcano::{Error, LockState, Locks};
 
-use crate::exit::Failure;
+use crate::exit::{self, fail, Failure};
+
+/// Beyond the longest interval between two renewals: the time a renewal
+/// takes to arrive (and a retry of it), and the `Date` header's rounding.
+pub(crate) const MARGIN: Duration = Duration::from_secs(4);
+
+/// The longest watch: 70 s.
+pub(crate) const WATCH: Duration = Duration::from_secs(70);
+
+const _: () =
+    assert!(WATCH.as_secs() == volcano::LONGEST_RENEWAL_INTERVAL.as_secs() + MARGIN.as_secs());
 
 /// What the watch found.
 #[derive(Clone, Copy, PartialEq, Eq, Debug)]
@@ -73,20 +86,22 @@ fn judge(seen: &Seen, now: &LockState) -> Option<Verdict> {
         // Free, or another lease (taken since): the one seen has ended.
         return Some(ended);
     }
-    if now.expires_at() > seen.expires_at {
+    // Moved either way (a renewal sets it from now: a shorter ttl moves it
+    // back): someone renewed it.
+    if now.expires_at() != seen.expires_at {
         return Some(Verdict::Renewed);
     }
     // Held past its expiry (the service's grace): it ran out unrenewed.
     past_expiry.then_some(Verdict::Expired)
 }
 
-/// Watches `key` until a verdict, at most `LONGEST_RENEWAL_INTERVAL`.
+/// Watches `key` until a verdict, at most [`WATCH`].
 pub(crate) async fn diagnose(
     locks: &Locks,
     key: &str,
     interval: Duration,
 ) -> Result<Value, Failure> {
-    let longest = volcano::LONGEST_RENEWAL_INTERVAL;
+    let longest = WATCH;
     let first = locks.get(key).await?;
     let began = Instant::now();
     let seen = Seen {
@@ -106,12 +121,15 @@ pub(crate) async fn diagnose(
         ));
     }
     let mut last = first;
-    let mut failing: Option<Error> = None;
+    // The last look's failure: no verdict while it stands.
+    let mut failing: Option<Failure> = None;
+    // Its `Retry-After`, if any.
+    let mut retry_after = None;
     loop {
         let watched = watched_until(&seen, &last, began);
         if watched >= longest {
-            if let Some(err) = failing {
-                return Err(err.into());
+            if let Some(failure) = failing {
+                return Err(failure);
             }
             return Ok(report(
                 key,
@@ -128,12 +146,27 @@ pub(crate) async fn diagnose(
             .remaining()
             .map_or(interval, |left| left + Duration::from_millis(1_500));
         let pause = match &failing {
-            Some(err) => interval.max(err.retry_after().unwrap_or_default()),
+            Some(_) => interval.max(retry_after.unwrap_or_default()),
             None => interval.min(to_expiry),
         };
         tokio::time::sleep(pause.min(longest - watched).max(Duration::from_millis(100))).await;
         looks += 1;
-        match locks.get(key).await {
+        // Never past the watch's end by more than a moment.
+        let left = longest.saturating_sub(watched_until(&seen, &last, began));
+        let look = tokio::time::timeout(left + Duration::from_secs(1), locks.get(key));
+        let Ok(answer) = look.await else {
+            // Unanswered at the watch's end: no verdict on a blind spot.
+            failing = Some(fail(
+                exit::UNAVAILABLE,
+                format!(
+                    "{key}: the last look was not answered before the watch's end ({} s); no \
+                     verdict",
+                    longest.as_secs()
+                ),
+            ));
+            continue;
+        };
+        match answer {
             Ok(now) => {
                 failing = None;
                 if let Some(verdict) = judge(&seen, &now) {
@@ -145,7 +178,8 @@ pub(crate) async fn diagnose(
             // Waited out and looked again: a watch at 3 a.m. outlives a
             // blip. Anything else (a refused key, refused credentials) ends it.
             Err(err) if err.may_have_been_applied() || matches!(err, Error::RateLimited(_)) => {
-                failing = Some(err);
+                retry_after = err.retry_after();
+                failing = Some(err.into());
             }
             Err(err) => return Err(err.into()),
         }
@@ -155,8 +189,12 @@ pub(crate) async fn diagnose(
 /// How long the key has been watched up to `now`'s answer: by the
 /// service's clock or this machine's, whichever says more.
 fn watched_until(seen: &Seen, now: &LockState, began: Instant) -> Duration {
+    // Whole seconds each: a second short, never long.
     let by_service = match (seen.read_at, now.read_at()) {
-        (Some(first), Some(date)) => (date - first).to_std().unwrap_or_default(),
+        (Some(first), Some(date)) => (date - first)
+            .to_std()
+            .unwrap_or_default()
+            .saturating_sub(Duration::from_secs(1)),
         _ => Duration::ZERO,
     };
     by_service.max(began.elapsed())
@@ -252,6 +290,9 @@ mod tests {
         assert_eq!(judge(&seen, &held(expiry, 7)), None, "nothing moved yet");
         let later = expiry + chrono::TimeDelta::seconds(30);
         assert_eq!(judge(&seen, &held(later, 7)), Some(Verdict::Renewed));
+        // Renewed with a shorter ttl: moved back, renewed all the same.
+        let sooner = expiry - chrono::TimeDelta::seconds(30);
+        assert_eq!(judge(&seen, &held(sooner, 7)), Some(Verdict::Renewed));
         let free = LockState::new(false, None, None);
         assert_eq!(judge(&seen, &free), Some(Verdict::Released));
         assert_eq!(judge(&seen, &held(later, 8)), Some(Verdict::Released));

@@ -4,8 +4,8 @@
 //! "fields":{..}}`), so that standard error stays JSON lines too.
 //!
 //! The level is WARN by default (`locks run`: INFO unless `--quiet`, for
-//! the line that names the holder at acquire); `RUST_LOG` replaces it
-//! (`RUST_LOG=volcano=debug`, `RUST_LOG=error`). Lines are written with
+//! the line that names the holder at acquire); `VOLCANO_LOG`, else
+//! `RUST_LOG`, replaces it (`VOLCANO_LOG=volcano=debug`, `RUST_LOG=error`). Lines are written with
 //! `output::say`: a closed or broken standard error loses them and
 //! changes nothing else.
 
@@ -21,19 +21,24 @@ use tracing_subscriber::{EnvFilter, Layer};
 use crate::args::Output;
 use crate::output::say;
 
-/// Routes the SDK's events at `default` or above (or what `RUST_LOG`
-/// says) to standard error. A `RUST_LOG` that cannot be read is said, and
-/// the default used.
+/// Routes the SDK's events at `default` or above to standard error, or
+/// what `VOLCANO_LOG` says, else `RUST_LOG` (which `locks run`'s command
+/// sees too: `VOLCANO_LOG` sets the CLI's level apart from it). One that
+/// cannot be read is said, and the default used.
 pub(crate) fn install(output: Output, default: &str) {
     let default = EnvFilter::new(default);
-    let filter = match std::env::var("RUST_LOG") {
-        Ok(text) if !text.trim().is_empty() => EnvFilter::try_new(&text).unwrap_or_else(|err| {
-            say(format_args!(
-                "volcano: warning: RUST_LOG={text:?} ignored ({err}); logging at the default level"
+    let set = |name: &str| std::env::var(name).ok().filter(|v| !v.trim().is_empty());
+    let chosen = ["VOLCANO_LOG", "RUST_LOG"]
+        .into_iter()
+        .find_map(|name| set(name).map(|text| (name, text)));
+    let filter = match chosen {
+        Some((name, text)) => EnvFilter::try_new(&text).unwrap_or_else(|err| {
+            crate::output::warn(format_args!(
+                "{name}={text:?} ignored ({err}); logging at the default level"
             ));
             default
         }),
-        _ => default,
+        None => default,
     };
     // Only fails if a subscriber is already set: nothing else sets one.
     let _ = tracing_subscriber::registry()

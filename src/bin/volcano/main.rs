@@ -27,6 +27,7 @@ mod log;
 mod output;
 mod run;
 mod status;
+mod stderr;
 mod watch;
 
 use std::process::ExitCode;
@@ -56,6 +57,7 @@ async fn main() -> ExitCode {
         Err(err) => return usage(err),
     };
     let format = cli.output;
+    stderr::install(format);
     // `locks run` says at INFO which host and process took the lock (an
     // operator finds a holder by its fencing token); --quiet leaves that
     // out. Everything else: warnings and errors.
@@ -64,7 +66,7 @@ async fn main() -> ExitCode {
         Command::Locks(_) => "warn",
     };
     log::install(format, level);
-    match execute(cli).await {
+    let code = match execute(cli).await {
         Ok(Done::Value(value)) => {
             if output::print(format, &value) {
                 ExitCode::from(exit::OK)
@@ -82,7 +84,10 @@ async fn main() -> ExitCode {
             output::report(format, &failure);
             ExitCode::from(failure.code)
         }
-    }
+    };
+    // What is queued for standard error, unless its reader stalled.
+    stderr::drain(Duration::from_secs(2));
+    code
 }
 
 async fn execute(cli: Cli) -> Result<Done, Failure> {
@@ -169,24 +174,33 @@ async fn execute(cli: Cli) -> Result<Done, Failure> {
 /// after `--`.
 fn usage(err: clap::Error) -> ExitCode {
     let code = u8::try_from(err.exit_code()).unwrap_or(exit::INVALID);
-    let shown = matches!(
+    let asked = matches!(
         err.kind(),
-        clap::error::ErrorKind::DisplayHelp
-            | clap::error::ErrorKind::DisplayVersion
-            | clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand
+        clap::error::ErrorKind::DisplayHelp | clap::error::ErrorKind::DisplayVersion
     );
-    if !shown && json_asked() {
+    if !asked && json_asked() {
         // The documented error object, as for any other failure: clap's
-        // message without its `error: ` and its closing tip.
-        let text = err.render().to_string();
-        let message = text
-            .lines()
-            .map(str::trim_end)
-            .filter(|line| !line.is_empty() && !line.starts_with("For more information"))
-            .collect::<Vec<_>>()
-            .join(" ");
-        let message = message.strip_prefix("error: ").unwrap_or(&message);
+        // message without its `error: ` and its closing tip (a missing
+        // command, whose message is the whole help, in a line).
+        let message =
+            if err.kind() == clap::error::ErrorKind::DisplayHelpOnMissingArgumentOrSubcommand {
+                "a command is required: volcano locks <COMMAND> (see volcano --help)".to_owned()
+            } else {
+                let text = err.render().to_string();
+                let lines: Vec<&str> = text
+                    .lines()
+                    .map(str::trim_end)
+                    .filter(|line| !line.is_empty() && !line.starts_with("For more information"))
+                    .collect();
+                let message = lines.join(" ");
+                message
+                    .strip_prefix("error: ")
+                    .unwrap_or(&message)
+                    .to_owned()
+            };
+        stderr::install(args::Output::Json);
         output::report(args::Output::Json, &fail(code, message));
+        stderr::drain(Duration::from_secs(2));
         return ExitCode::from(code);
     }
     // Only a single-dash word (`-lock`), not a misspelt `--flag`.
@@ -201,6 +215,7 @@ fn usage(err: clap::Error) -> ExitCode {
             "\nnote: lock keys start with a letter or digit, so a KEY cannot start with '-'; \
              to pass any other value that starts with '-', put it after `--`",
         );
+        stderr::drain(Duration::from_secs(2));
     }
     ExitCode::from(code)
 }
@@ -251,9 +266,9 @@ fn connect(
     // Only once the URL was accepted: a refused one sends nothing. The
     // SDK decides what is loopback, as it did to accept the URL.
     if client.sends_key_in_clear() {
-        output::say(format_args!(
-            "volcano: warning: --allow-insecure-http: the service key goes to {} in clear \
-             text (and through any HTTP proxy)",
+        output::warn(format_args!(
+            "--allow-insecure-http: the service key goes to {} in clear text (and through any \
+             HTTP proxy)",
             origin(client.api_url())
         ));
     }
@@ -280,9 +295,9 @@ async fn shut_down(client: &Client) {
     let window = client.timeout() + volcano::LATE_TRY_MARGIN + Duration::from_secs(5);
     let unreleased = client.shutdown(window.min(Duration::from_secs(15))).await;
     if !unreleased.is_empty() {
-        output::say(format_args!(
-            "volcano: warning: {} may still be held until its ttl (a release did not finish, \
-             or a try of the acquire may still land within --timeout and 2 s)",
+        output::warn(format_args!(
+            "{} may still be held until its ttl (a release did not finish, or a try of the \
+             acquire may still land within --timeout and 2 s)",
             unreleased.join(", ")
         ));
     }

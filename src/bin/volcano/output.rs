@@ -7,10 +7,10 @@
 //! descriptor: that is an ordinary event, never a panic, and it changes
 //! nothing else the command does (renewals go on, the release is sent,
 //! the exit code is one the docs list). Every write goes through `line`
-//! (standard output) or `say` and `say_raw` (standard error), which report
-//! a failed write to the caller instead of panicking as `println!` and
-//! `eprintln!` do; `closed()` notices a closed output without writing to
-//! it.
+//! (standard output) or `say`, `say_raw` and `warn` (standard error, from
+//! a thread of its own: `stderr.rs`), which report a failed write to the
+//! caller instead of panicking as `println!` and `eprintln!` do;
+//! `closed()` notices a closed output without writing to it.
 
 use std::fmt::Display;
 use std::io::Write as _;
@@ -22,6 +22,7 @@ use volcano::{Error, LockLease, LockState};
 use crate::args::Output;
 use crate::exit::Failure;
 use crate::run::Ran;
+pub(crate) use crate::stderr::{say, say_raw, warn};
 
 /// `get`'s value.
 /// With the time remaining until the expiry when the service answered, on
@@ -60,19 +61,6 @@ pub(crate) fn lease_json(lease: &LockLease, show_token: bool) -> Value {
 pub(crate) fn line(text: impl Display) -> bool {
     let mut out = std::io::stdout().lock();
     writeln!(out, "{text}").and_then(|()| out.flush()).is_ok()
-}
-
-/// One line on standard error; `false` when it could not be written. The
-/// only way the CLI writes there (with [`say_raw`]).
-pub(crate) fn say(text: impl Display) -> bool {
-    say_raw(format_args!("{text}\n"))
-}
-
-/// Text on standard error as it is (no newline added), flushed: the
-/// status line's redraws, the confirmation's prompt.
-pub(crate) fn say_raw(text: impl Display) -> bool {
-    let mut err = std::io::stderr().lock();
-    write!(err, "{text}").and_then(|()| err.flush()).is_ok()
 }
 
 /// Resolves once nobody can read standard output (the reading end of its
@@ -177,7 +165,7 @@ pub(crate) fn print(output: Output, value: &Value) -> bool {
 /// reads it: the exit code is the command's either way).
 pub(crate) fn ended(output: Output, ran: &Ran) {
     if let Some(warning) = &ran.warning {
-        say(format_args!("volcano: {warning}"));
+        warn(warning);
     }
     if output == Output::Json {
         let _ = line(&ran.summary);

@@ -167,12 +167,7 @@ impl Holding {
         }
         let passed = self.min_until.is_some_and(|end| state.clock.now() >= end);
         let (lost, released) = self.finish_now().await;
-        let min_hold = match (asked, passed) {
-            (false, _) => MinHold::NotAsked,
-            (true, true) if lost.is_none() => MinHold::Passed,
-            // Lost first, or cut short by `max_hold`: released at once.
-            (true, _) => MinHold::NotKept,
-        };
+        let min_hold = MinHold::released(asked, passed, lost.as_ref());
         (lost, released, min_hold)
     }
 

@@ -131,9 +131,25 @@ pub enum MinHold {
     Kept,
     /// Not kept: the renewal that keeps it failed (the key is free at the
     /// lease's last expiry, before the minimum's end; logged at WARN and
-    /// counted in `volcano_min_hold_not_kept_total`), the lock was lost,
-    /// or `max_hold` ended the hold first.
+    /// counted in `volcano_min_hold_not_kept_total`), the lock was lost
+    /// (when cannot be told), or `max_hold` left too little to keep it. A
+    /// hold that `max_hold` ended is `Passed`: its minimum is never longer.
     NotKept,
+}
+
+impl MinHold {
+    /// A hold released at once: with a minimum `asked` for, `passed` or
+    /// not, after the loss `lost` if any.
+    pub(crate) fn released(asked: bool, passed: bool, lost: Option<&LockLost>) -> Self {
+        let held_to_the_end = lost.is_none_or(|l| l.reason() == crate::LostReason::MaxHold);
+        match (asked, passed) {
+            (false, _) => MinHold::NotAsked,
+            // Ended by `max_hold` (never shorter than the minimum): passed.
+            (true, true) if held_to_the_end => MinHold::Passed,
+            // Lost (when cannot be told), or cut short: released at once.
+            (true, _) => MinHold::NotKept,
+        }
+    }
 }
 
 impl std::fmt::Debug for HeldLock {

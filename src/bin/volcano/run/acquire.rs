@@ -7,7 +7,7 @@ use volcano::{Error, HeldLock, LockLease, Locks};
 use super::{lease_of, RunArgs};
 use crate::child::Signals;
 use crate::exit::{fail, Failure};
-use crate::output::say;
+use crate::output::warn;
 
 /// Acquires the lock. A signal while waiting for it ends the wait. A lease
 /// the dropped or failed acquire may have obtained is released: by the
@@ -80,19 +80,18 @@ async fn release_own(locks: &Locks, key: &str, token: Option<&str>, late: bool) 
         // a gateway that answered 5xx). The token is the caller's: they
         // recover or release it once no try can land.
         Ok(()) if late => {
-            say(format_args!(
-                "volcano: warning: a try of the acquire may still be applied in the next {} s \
-                 and hold {key} under your --token; acquire again with it, or release it, \
-                 after then",
+            warn(format_args!(
+                "a try of the acquire may still be applied in the next {} s and hold {key} \
+                 under your --token; acquire again with it, or release it, after then",
                 (locks.client().timeout() + volcano::LATE_TRY_MARGIN).as_secs()
             ));
         }
         Ok(()) => {}
         // The token is the caller's: they can still release it.
         Err(err) => {
-            say(format_args!(
-                "volcano: warning: {key} may still be held under your --token until its ttl \
-                 (the release after the failed acquire failed: {err})"
+            warn(format_args!(
+                "{key} may still be held under your --token until its ttl (the release after \
+                 the failed acquire failed: {err})"
             ));
         }
     }

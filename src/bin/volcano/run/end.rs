@@ -34,7 +34,8 @@ pub(super) async fn not_started(holding: Holding<'_>, program: &str, err: &std::
         started: false,
         loss: None,
         at_risk: 0,
-        min_hold_kept: None,
+        // Released at once: nothing ran, nothing kept.
+        min_hold_kept: holding.min_hold.map(|_| false),
     }
     .json(holding.key, holding.fence, holding.started.elapsed());
     Ran {
@@ -92,6 +93,7 @@ pub(super) async fn finish(
     // minimum is being handed to the service ends that at once (the lease
     // is then released in the background, which the CLI's closing
     // shutdown waits for).
+    let mut interrupted = stopped.signalled;
     let (released, min_hold) = if stopped.signalled {
         (holding.held.release_now().await, MinHold::NotKept)
     } else {
@@ -100,7 +102,10 @@ pub(super) async fn finish(
                 Ok(min_hold) => (Ok(()), min_hold),
                 Err(err) => (Err(err), MinHold::NotKept),
             },
-            _ = signals.next() => (Ok(()), MinHold::NotKept),
+            _ = signals.next() => {
+                interrupted = true;
+                (Ok(()), MinHold::NotKept)
+            }
         }
     };
     // A release that found another token holding the lock proves a loss
@@ -111,21 +116,24 @@ pub(super) async fn finish(
         (loss, _) => loss,
     };
 
-    // Stopped from outside, the minimum is not kept (released at once);
-    // a release that ran out of tries in the background had passed it.
+    // Stopped from outside before its end, the minimum is not kept
+    // (released at once); one the command ran past, or `--max-hold`
+    // ended (never shorter), was kept. Any other loss: `false`.
+    let capped = loss
+        .as_ref()
+        .is_some_and(|l| l.reason() == volcano::LostReason::MaxHold);
     let min_hold_kept = match (holding.min_hold, min_hold) {
         (None, _) => None,
-        (Some(min), _) if held_for >= min && loss.is_none() => Some(true),
         (Some(_), MinHold::Kept | MinHold::Passed) => Some(true),
+        (Some(min), _) if held_for >= min && (loss.is_none() || capped) => Some(true),
         (Some(_), _) => Some(false),
     };
 
     let (exit_code, signal) = describe(status);
     let mut warnings = Vec::new();
-    if min_hold_kept == Some(false) && loss.is_none() && !stopped.signalled {
+    if min_hold_kept == Some(false) && loss.is_none() && !interrupted {
         warnings.push(format!(
-            "the minimum hold was not kept: {} may be free before the minimum's end \
-             (the renewal that keeps it failed; see the warning above)",
+            "the minimum hold was not kept: {} may be free before the minimum's end",
             holding.key
         ));
     }
