@@ -18,6 +18,7 @@
 //! | at most N at once | [`Locks::semaphore`] | [semaphore](https://github.com/volcano-locks/volcano/blob/main/docs/guide/semaphore.md) |
 //! | watch a key for dashboards and alerts | [`Locks::observe`] | [observe](https://github.com/volcano-locks/volcano/blob/main/docs/guide/observe.md) |
 //! | any command or script, in any language | `volcano locks run` (feature `cli`) | [CLI](https://github.com/volcano-locks/volcano/blob/main/docs/guide/cli.md) |
+//! | each job of an apalis worker, or each call of an axum route, under a lock or a permit | `volcano::tower` (feature `tower`) | [tower layers](https://github.com/volcano-locks/volcano/blob/main/docs/guide/tower.md) |
 //! | tests of your own code | `volcano::mock` (feature `mock`) | the `mock` module's page |
 //! | the store side of fencing | the `volcano-fence` crate | [fencing](https://github.com/volcano-locks/volcano/blob/main/docs/guide/fencing.md) |
 //!
@@ -64,6 +65,9 @@
 //!   facade: [names and labels](https://github.com/volcano-locks/volcano/blob/main/docs/guide/observability.md#metrics).
 //! - `cli`: the `volcano` admin command (`cargo install volcano --features
 //!   cli`): [its guide and exit codes](https://github.com/volcano-locks/volcano/blob/main/docs/guide/cli.md).
+//! - `tower`: `volcano::tower`, locks and permits as tower 0.5 layers
+//!   ([`LockLayer`](crate::tower::LockLayer),
+//!   [`PermitLayer`](crate::tower::PermitLayer)): [guide](https://github.com/volcano-locks/volcano/blob/main/docs/guide/tower.md).
 //!
 //! ## Guides
 //!
@@ -71,7 +75,7 @@
 //! [semaphores](https://github.com/volcano-locks/volcano/blob/main/docs/guide/semaphore.md), [observing a key](https://github.com/volcano-locks/volcano/blob/main/docs/guide/observe.md),
 //! [TTLs and clocks](https://github.com/volcano-locks/volcano/blob/main/docs/guide/ttl-and-clocks.md), [fencing](https://github.com/volcano-locks/volcano/blob/main/docs/guide/fencing.md),
 //! [uncertain outcomes, `shutdown`, retries and errors](https://github.com/volcano-locks/volcano/blob/main/docs/guide/outcomes.md),
-//! [waiting and the quota](https://github.com/volcano-locks/volcano/blob/main/docs/guide/waiting.md), [the CLI](https://github.com/volcano-locks/volcano/blob/main/docs/guide/cli.md),
+//! [waiting and the quota](https://github.com/volcano-locks/volcano/blob/main/docs/guide/waiting.md), [the CLI](https://github.com/volcano-locks/volcano/blob/main/docs/guide/cli.md), [tower layers](https://github.com/volcano-locks/volcano/blob/main/docs/guide/tower.md),
 //! [logs and metrics](https://github.com/volcano-locks/volcano/blob/main/docs/guide/observability.md), [TLS and HTTP](https://github.com/volcano-locks/volcano/blob/main/docs/guide/tls-http.md),
 //! and testing (the `mock` module).
 //!
@@ -159,6 +163,10 @@ const _: () = {
     send_sync_static::<LockSet>();
     send_sync_static::<LockLease>();
 };
+
+#[cfg(feature = "tower")]
+#[cfg_attr(docsrs, doc(cfg(feature = "tower")))]
+pub mod tower;
 
 // The in-process mock of the lock service (the `volcano-mock-server`
 // crate, re-exported), with the testing guide as its page.

@@ -24,7 +24,10 @@
 //! lock; (f) an observer reports only fences the server granted for
 //! the key, never going back; (g) a minimum hold that returned the job's
 //! value was kept: the call returned after the minimum, or with the key
-//! still held under its lease.
+//! still held under its lease; (h) a call through `volcano::tower`'s
+//! `LockLayer` or `PermitLayer` (dropped at a random point like any other)
+//! returns `Ok` only if it held its lock to its end, and with
+//! `.cancel_on_loss()` is dropped as soon as its lock is lost.
 //!
 //! `VOLCANO_MODEL_CASES` (default 24) sets the number of programs;
 //! `PROPTEST_RNG_SEED` (a number) replays a run.
@@ -34,6 +37,8 @@
 //! and a simulated lease clock. This test stays for what the simulation
 //! replaces by design: the production path, reqwest over real loopback
 //! TCP with the real suspend-aware clock and real threads.
+
+#![cfg(feature = "tower")]
 
 mod common;
 
@@ -104,6 +109,16 @@ enum Call {
     Observe {
         key: usize,
         ms: u64,
+    },
+    /// A call of a tower service under `LockLayer` on the key, or under a
+    /// `PermitLayer` of the two permits of `model-p` (`permit`), working
+    /// `hold_ms`; with `cancel_on_loss`, a loss drops it.
+    Layered {
+        key: usize,
+        permit: bool,
+        hold_ms: u64,
+        wait_ms: Option<u64>,
+        cancel_on_loss: bool,
     },
     /// Renews the newest plain lease the program holds.
     Renew,
@@ -195,6 +210,20 @@ fn calls() -> impl Strategy<Value = Call> {
         1 => (0..KEYS.len(), 200u64..1_500)
             .prop_map(|(key, min_hold_ms)| Call::MinHold { key, min_hold_ms }),
         1 => (0..KEYS.len(), 200u64..1_500).prop_map(|(key, ms)| Call::Observe { key, ms }),
+        2 => (
+            0..KEYS.len(),
+            any::<bool>(),
+            prop_oneof![4 => 0u64..400, 1 => 1_800u64..2_400],
+            prop::option::of(0u64..600),
+            any::<bool>(),
+        )
+            .prop_map(|(key, permit, hold_ms, wait_ms, cancel_on_loss)| Call::Layered {
+                key,
+                permit,
+                hold_ms,
+                wait_ms,
+                cancel_on_loss
+            }),
         1 => Just(Call::Renew),
         2 => Just(Call::Release),
     ]
@@ -531,6 +560,25 @@ async fn run_call(call: Call, client: Client, server: Arc<MockServer>, world: Ar
                 ));
             }
         }
+        Call::Layered {
+            key,
+            permit,
+            hold_ms,
+            wait_ms,
+            cancel_on_loss,
+        } => {
+            layered(
+                &locks,
+                KEYS[key],
+                permit,
+                hold_ms,
+                wait_ms,
+                cancel_on_loss,
+                server,
+                world,
+            )
+            .await
+        }
         Call::MinHold { key, min_hold_ms } => {
             let key = KEYS[key];
             let min_hold = Duration::from_millis(min_hold_ms);
@@ -617,6 +665,113 @@ async fn run_call(call: Call, client: Client, server: Arc<MockServer>, world: Ar
             };
             let _ = locks.release(&lease).await;
         }
+    }
+}
+
+/// The semaphore of `Call::Layered`'s permits, and its permits' keys.
+const PERMITS: (&str, [&str; 2]) = ("model-p", ["model-p:0", "model-p:1"]);
+
+/// `Call::Layered`: (b) and (d) inside the call, through the call's own
+/// guard (`volcano::tower::guard()`), and (h): a layered call that
+/// returns `Ok` held its lock to its end; with `cancel_on_loss`, a call
+/// whose lock is lost is dropped at once (it never sees its guard lost
+/// for 100 ms and goes on).
+#[allow(clippy::too_many_arguments)]
+async fn layered(
+    locks: &volcano::Locks,
+    key: &'static str,
+    permit: bool,
+    hold_ms: u64,
+    wait_ms: Option<u64>,
+    cancel_on_loss: bool,
+    server: Arc<MockServer>,
+    world: Arc<World>,
+) {
+    use tower::BoxError;
+    let watcher = world.clone();
+    let inner = tower::service_fn(move |()| {
+        let (server, world) = (server.clone(), watcher.clone());
+        async move {
+            let guard = volcano::tower::guard().expect("a layered call has its guard");
+            let until = tokio::time::Instant::now() + Duration::from_millis(hold_ms);
+            let mut lost_at = None;
+            while tokio::time::Instant::now() < until {
+                check_belief(&server, &world, &guard, "layered call");
+                check_risk(&world, &guard, "layered call");
+                if guard.is_lost() {
+                    if !cancel_on_loss {
+                        break;
+                    }
+                    let at = *lost_at.get_or_insert_with(tokio::time::Instant::now);
+                    if at.elapsed() > Duration::from_millis(100) {
+                        world.violation(format!(
+                            "(h) a layered call on {} with cancel_on_loss went on after its loss",
+                            guard.key()
+                        ));
+                        break;
+                    }
+                }
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Ok::<_, BoxError>(guard.is_lost())
+        }
+    });
+    let ran = call_layered(locks, key, permit, wait_ms, cancel_on_loss, inner).await;
+    if let Ok(true) = ran {
+        world.violation(format!(
+            "(h) a layered call on {key} returned Ok after its loss"
+        ));
+    }
+}
+
+/// The layered call's future, boxed where its types are concrete: an
+/// `async fn` that holds the layered service across an await, spawned,
+/// trips rustc's proof that its future is `Send` ("implementation of
+/// `From` is not general enough": the `Into<BoxError>` bound that tower's
+/// own layers have too, proven with the lifetimes erased).
+fn call_layered<S>(
+    locks: &volcano::Locks,
+    key: &'static str,
+    permit: bool,
+    wait_ms: Option<u64>,
+    cancel_on_loss: bool,
+    inner: S,
+) -> std::pin::Pin<Box<dyn std::future::Future<Output = Result<bool, tower::BoxError>> + Send>>
+where
+    S: tower::Service<(), Response = bool, Error = tower::BoxError> + Clone + Send + 'static,
+    S::Future: Send + 'static,
+{
+    use tower::{ServiceBuilder, ServiceExt as _};
+    use volcano::tower::{LockLayer, PermitLayer};
+    let wait = wait_ms.map(Duration::from_millis);
+    if permit {
+        let mut layer = PermitLayer::new(locks.semaphore(PERMITS.0, 2), TTL);
+        if let Some(wait) = wait {
+            layer = layer.wait(wait);
+        }
+        if cancel_on_loss {
+            layer = layer.cancel_on_loss();
+        }
+        Box::pin(
+            ServiceBuilder::new()
+                .layer(layer)
+                .service(inner)
+                .oneshot(()),
+        )
+    } else {
+        let mut layer = LockLayer::new(locks.clone(), TTL, move |_: &()| key.to_owned());
+        if let Some(wait) = wait {
+            layer = layer.wait(wait);
+        }
+        if cancel_on_loss {
+            layer = layer.cancel_on_loss();
+        }
+        Box::pin(
+            ServiceBuilder::new()
+                .layer(layer)
+                .service(inner)
+                .oneshot(()),
+        )
     }
 }
 
@@ -736,7 +891,7 @@ async fn check(program: Program, figures: &Figures) -> Result<(), TestCaseError>
         "releases of named tokens left: {unfinished:?}"
     );
     let kept = world.kept.lock().unwrap().clone();
-    for key in KEYS {
+    for key in KEYS.into_iter().chain(PERMITS.1) {
         if let Some(fence) = live_fence(&server, key) {
             if kept.contains(&(key.to_owned(), fence)) {
                 continue;

@@ -165,3 +165,33 @@ async fn snippet_semaphore(locks: volcano::Locks, client: volcano::Client) -> Re
     permit.release().await?;
     Ok(())
 }
+
+/// An export job, for docs/guide/tower.md.
+struct Export {
+    id: u64,
+}
+
+async fn run_export(export: Export) -> Result<(), std::io::Error> {
+    let _ = export.id;
+    Ok(())
+}
+
+/// docs/guide/tower.md, "Errors, and a lock held elsewhere"
+#[rustfmt::skip]
+async fn snippet_tower(locks: volcano::Locks, client: volcano::Client) -> Result<(), MyError> {
+    use tower::{ServiceBuilder, ServiceExt as _};
+    use volcano::tower::LockLayer;
+    let export = Export { id: 7 };
+    let exports = ServiceBuilder::new()
+        .layer(LockLayer::new(locks.clone(), Duration::from_secs(30), |e: &Export| format!("export-{}", e.id)))
+        .service_fn(run_export);
+    match exports.oneshot(export).await {
+        Ok(()) => {}
+        Err(err) => match err.downcast_ref::<volcano::Error>() {
+            Some(lock) if lock.is_lock_held() => println!("another worker runs it: try later"),
+            Some(lock) => println!("the lock failed: {lock}"),
+            None => println!("the export failed: {err}"), // run_export's own error, boxed
+        },
+    }
+    Ok(())
+}
