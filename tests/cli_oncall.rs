@@ -354,6 +354,13 @@ async fn diagnose_says_free_renewed_released_expired_and_unrenewed() {
 
     let free = verdict(diagnose(&server, "nobody")).await;
     assert_eq!(free["verdict"], "free", "{free}");
+    // In text, the verdict and what to do.
+    let text = volcano(&server, &["locks", "diagnose", "nobody"])
+        .output()
+        .await
+        .unwrap();
+    let said = String::from_utf8_lossy(&text.stdout);
+    assert_eq!(said.trim(), "nobody: free (nobody holds it)");
 
     let live_run = volcano(
         &server,

@@ -107,6 +107,10 @@ pub(crate) fn print(output: Output, value: &Value) -> bool {
     if output == Output::Json {
         return line(value);
     }
+    // `diagnose`: its verdict, with what to do.
+    if let Some(advice) = value["advice"].as_str() {
+        return line(advice);
+    }
     if let Some(states) = value["permit_states"].as_array() {
         let mut written = line(format_args!(
             "{}: {} of {} permits held",
