@@ -52,11 +52,14 @@ struct Host {
 /// The job itself. Under its tenant's lock: `volcano::tower::guard()`
 /// gives the fencing token to hand to the index store.
 async fn rebuild(job: Rebuild, host: Data<Host>, worker: WorkerContext) -> Result<(), BoxDynError> {
-    let fence = volcano::tower::guard().map(|g| g.lease().fencing_token());
+    let Some(guard) = volcano::tower::guard() else {
+        return Err("a job ran without its lock".into());
+    };
+    let fence = guard.lease().fencing_token();
     let began = Instant::now();
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
     println!(
-        "{}: rebuilt tenant {} (fencing token {fence:?})",
+        "{}: rebuilt tenant {} (fencing token {fence})",
         host.name, job.tenant
     );
     host.ledger
@@ -104,9 +107,9 @@ async fn main() -> Result<(), BoxDynError> {
         }
         let counted = ledger.clone();
         // Retry "held" only (a real failure is not hidden), up to 20
-        // times, 300 ms apart: each try is one acquire request.
+        // times, 500 ms apart: each try is one acquire request.
         let retry = RetryPolicy::retries(20)
-            .with_backoff(Later(Duration::from_millis(300)))
+            .with_backoff(Later(Duration::from_millis(500)))
             .retry_if(move |err: &BoxDynError| {
                 let held = err
                     .downcast_ref::<volcano::Error>()

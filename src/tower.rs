@@ -36,7 +36,7 @@
 //! # What each call gets
 //!
 //! Each call runs under [`Locks::with_lock`] (or
-//! [`Semaphore::with_permit`]): the lock is acquired in `call`, renewed in
+//! [`Semaphore::with_permit`](crate::Semaphore::with_permit)): the lock is acquired in `call`, renewed in
 //! the background while the inner service's future runs, and released when
 //! that future completes, fails, panics or is dropped (a client that gives
 //! up, a timeout layer outside). `.min_hold(..)` keeps it as
@@ -65,18 +65,29 @@
 //!   is dropped at its next await point and the call fails with
 //!   `Error::LockLost`; without it, the call completes and then fails with
 //!   `Error::LockLost` unless the inner service failed first (as
-//!   `with_lock`).
+//!   `with_lock`);
+//! - a release that failed after the inner call succeeded: that error (the
+//!   response is dropped, though the work was done; a transient failure is
+//!   tried again in the background, and `Client::shutdown` names the key).
+//!
+//! The lock covers the inner service's future: a response body streamed
+//! after it (an HTTP body) is not under the lock. With layers nested,
+//! [`guard`] is the innermost one's.
 //!
 //! # Readiness and backpressure
 //!
 //! `poll_ready` is the inner service's: the lock depends on the request,
 //! so it is taken in `call`, not reserved in `poll_ready`. A service that
 //! says it is ready may still wait in `call` for its lock (up to
-//! `.wait(..)`) or fail there with "held". Layers outside count such a
-//! call as in flight: a `ConcurrencyLimitLayer` outside holds a slot while
-//! the call waits for its lock, and a load shedder sees readiness, not the
-//! lock. To shed calls whose lock is taken, leave `.wait` unset: they fail
-//! at once, after one request.
+//! `.wait(..)`) or fail there with "held". The inner service is made
+//! ready again once the lock is held: what its `poll_ready` reserved (a
+//! slot of a `Buffer` or `ConcurrencyLimit` inside the layer) is given back
+//! while the call waits. Layers outside count such a call as in flight: a
+//! `ConcurrencyLimitLayer` outside holds a slot while the call waits for
+//! its lock, and a load shedder sees readiness, not the lock. To shed
+//! calls whose lock is taken, leave `.wait` unset: they fail at once,
+//! after one request. The inner service must be `Clone`: wrap one that is
+//! not in a `Buffer`.
 //!
 //! # Retries
 //!
@@ -84,8 +95,8 @@
 //! lock operations a minute, shared by the fleet). A retry policy that
 //! retries "held" at once spends it fast and finds the lock held again: let
 //! it back off (seconds), or use `.wait(..)`, which polls at a bounded
-//! rate and notices a release at once when the holder is in the same
-//! process.
+//! rate and notices a release at once when the holder uses the same
+//! `Client`.
 
 use std::fmt;
 use std::future::Future;
@@ -96,10 +107,13 @@ use std::time::Duration;
 
 use tower::{BoxError, Layer, Service};
 
-use crate::{AcquireOptions, LockGuard, Locks, Semaphore};
+use crate::{AcquireOptions, LockGuard, Locks};
+
+mod permit;
+pub use permit::{PermitLayer, PermitService};
 
 /// The future of a layered call.
-type Call<T> = Pin<Box<dyn Future<Output = Result<T, BoxError>> + Send>>;
+pub(crate) type Call<T> = Pin<Box<dyn Future<Output = Result<T, BoxError>> + Send>>;
 
 tokio::task_local! {
     static GUARD: LockGuard;
@@ -114,15 +128,15 @@ pub fn guard() -> Option<LockGuard> {
 
 /// What every layered call asks of its lock or permit.
 #[derive(Clone, Copy, Debug)]
-struct Asks {
-    ttl: Duration,
-    wait: Option<Duration>,
-    cancel_on_loss: bool,
-    min_hold: Option<Duration>,
+pub(crate) struct Asks {
+    pub(crate) ttl: Duration,
+    pub(crate) wait: Option<Duration>,
+    pub(crate) cancel_on_loss: bool,
+    pub(crate) min_hold: Option<Duration>,
 }
 
 impl Asks {
-    fn new(ttl: Duration) -> Self {
+    pub(crate) fn new(ttl: Duration) -> Self {
         Asks {
             ttl,
             wait: None,
@@ -131,7 +145,7 @@ impl Asks {
         }
     }
 
-    fn options(self) -> AcquireOptions {
+    pub(crate) fn options(self) -> AcquireOptions {
         AcquireOptions::default().set_wait(self.wait)
     }
 }
@@ -163,8 +177,8 @@ impl<K> LockLayer<K> {
         self
     }
 
-    /// Drops the call at its next await point once the lock is lost (a
-    /// `max_hold` too): it fails with `Error::LockLost`.
+    /// Drops the call at its next await point once the lock is lost: it
+    /// fails with `Error::LockLost`.
     pub fn cancel_on_loss(mut self) -> Self {
         self.asks.cancel_on_loss = true;
         self
@@ -254,7 +268,7 @@ where
 
     fn call(&mut self, request: Req) -> Self::Future {
         let key = (self.layer.key_of)(&request);
-        let inner = ready_one(&mut self.inner);
+        let inner = unreserved(&mut self.inner);
         let asks = self.layer.asks;
         let mut scope = self
             .layer
@@ -271,110 +285,23 @@ where
     }
 }
 
-/// Runs each call of the inner service under one permit of a semaphore;
-/// see the [module](self).
-#[derive(Clone)]
-pub struct PermitLayer {
-    semaphore: Semaphore,
-    asks: Asks,
-}
-
-impl PermitLayer {
-    /// Each call under one permit of `semaphore`, with leases of `ttl`:
-    /// at most its count of calls at once, across every process that uses
-    /// the same semaphore. Without [`wait`](Self::wait), a call that finds
-    /// every permit held fails at once (after one request per permit).
-    pub fn new(semaphore: Semaphore, ttl: Duration) -> Self {
-        PermitLayer {
-            semaphore,
-            asks: Asks::new(ttl),
-        }
-    }
-
-    /// Waits up to `wait` for a free permit, then fails with "held".
-    pub fn wait(mut self, wait: Duration) -> Self {
-        self.asks.wait = Some(wait);
-        self
-    }
-
-    /// Drops the call at its next await point once its permit is lost: it
-    /// fails with `Error::LockLost`.
-    pub fn cancel_on_loss(mut self) -> Self {
-        self.asks.cancel_on_loss = true;
-        self
-    }
-}
-
-impl fmt::Debug for PermitLayer {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PermitLayer")
-            .field("semaphore", &self.semaphore)
-            .field("ttl", &self.asks.ttl)
-            .field("wait", &self.asks.wait)
-            .field("cancel_on_loss", &self.asks.cancel_on_loss)
-            .finish()
-    }
-}
-
-impl<S> Layer<S> for PermitLayer {
-    type Service = PermitService<S>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        PermitService {
-            inner,
-            layer: self.clone(),
-        }
-    }
-}
-
-/// The service a [`PermitLayer`] makes.
-#[derive(Clone, Debug)]
-pub struct PermitService<S> {
-    inner: S,
-    layer: PermitLayer,
-}
-
-impl<S, Req> Service<Req> for PermitService<S>
-where
-    S: Service<Req> + Clone + Send + 'static,
-    S::Future: Send + 'static,
-    S::Response: Send + 'static,
-    S::Error: Into<BoxError>,
-    Req: Send + 'static,
-{
-    type Response = S::Response;
-    type Error = BoxError;
-    type Future = Call<S::Response>;
-
-    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
-        self.inner.poll_ready(cx).map_err(Into::into)
-    }
-
-    fn call(&mut self, request: Req) -> Self::Future {
-        let inner = ready_one(&mut self.inner);
-        let asks = self.layer.asks;
-        let mut scope = self
-            .layer
-            .semaphore
-            .with_permit(asks.ttl, move |guard| under(guard, inner, request))
-            .options(asks.options());
-        if asks.cancel_on_loss {
-            scope = scope.cancel_on_loss();
-        }
-        Box::pin(scope.send())
-    }
-}
-
-/// The inner service that `poll_ready` made ready, taken for this call; a
-/// clone (not polled yet) takes its place for the next one (tower's rule
-/// for a service called from a future).
-fn ready_one<S: Clone>(inner: &mut S) -> S {
+/// The inner service for this call, made ready again once the lock is
+/// held ([`under`]): the instance `poll_ready` made ready is dropped here,
+/// so that what it reserved (a `Buffer`'s slot, a `ConcurrencyLimit`'s
+/// permit) is not held while the call waits for its lock, and a clone not
+/// polled yet takes its place for the next call (tower's rule for a
+/// service called from a future).
+pub(crate) fn unreserved<S: Clone>(inner: &mut S) -> S {
     let fresh = inner.clone();
-    std::mem::replace(inner, fresh)
+    let reserved = std::mem::replace(inner, fresh);
+    let for_the_call = reserved.clone();
+    drop(reserved);
+    for_the_call
 }
 
-/// The inner call, with its guard reachable through [`guard`].
-async fn under<S, Req>(
+/// The inner call, made ready first, with its guard reachable through
+/// [`guard`].
+pub(crate) async fn under<S, Req>(
     guard: LockGuard,
     mut inner: S,
     request: Req,
@@ -384,7 +311,10 @@ where
     S::Error: Into<BoxError>,
 {
     GUARD
-        .scope(guard, async move { inner.call(request).await })
+        .scope(guard, async move {
+            std::future::poll_fn(|cx| inner.poll_ready(cx)).await?;
+            inner.call(request).await
+        })
         .await
         .map_err(Into::into)
 }

@@ -38,8 +38,6 @@
 //! replaces by design: the production path, reqwest over real loopback
 //! TCP with the real suspend-aware clock and real threads.
 
-#![cfg(feature = "tower")]
-
 mod common;
 
 use std::collections::BTreeSet;

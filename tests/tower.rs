@@ -1,6 +1,5 @@
 //! `volcano::tower`: `LockLayer` and `PermitLayer` around services, against
 //! the mock server and its journal.
-#![cfg(feature = "tower")]
 
 mod common;
 
@@ -98,7 +97,7 @@ async fn a_second_call_with_the_same_key_fails_at_once_without_wait() {
         .service(tally.service());
     let first = tokio::spawn(svc.clone().oneshot(Job {
         id: 1,
-        work: Duration::from_millis(800),
+        work: Duration::from_secs(3),
     }));
     tokio::time::timeout(Duration::from_secs(5), async {
         while tally.running.load(Ordering::SeqCst) == 0 {
@@ -442,4 +441,172 @@ async fn layers_are_clone_send_sync_and_debug_without_secrets() {
     let shown = format!("{lock:?} {permit:?}");
     assert!(!shown.contains(server.service_key()), "{shown}");
     assert!(!shown.contains(server.anon_key()), "{shown}");
+}
+
+/// A service that must be made ready before each call, as tower's rule
+/// says (`ConcurrencyLimit` panics otherwise): a clone is not ready.
+struct Strict {
+    ready: bool,
+    calls: Arc<AtomicUsize>,
+}
+
+impl Clone for Strict {
+    fn clone(&self) -> Self {
+        Strict {
+            ready: false,
+            calls: self.calls.clone(),
+        }
+    }
+}
+
+impl Service<Job> for Strict {
+    type Response = u32;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<u32, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.ready = true;
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, job: Job) -> Self::Future {
+        assert!(self.ready, "called without poll_ready");
+        self.ready = false;
+        self.calls.fetch_add(1, Ordering::SeqCst);
+        Box::pin(async move { Ok(job.id) })
+    }
+}
+
+/// The inner service is made ready before each call it gets, whichever
+/// instance the layer calls (the one `poll_ready` made ready is given
+/// back while the call waits for its lock).
+#[tokio::test]
+async fn the_inner_service_is_ready_before_each_call() {
+    let server = MockServer::start().await;
+    let client = mock_client(&server);
+    let calls = Arc::new(AtomicUsize::new(0));
+    let mut svc = ServiceBuilder::new()
+        .layer(LockLayer::new(client.locks(), TTL, key_of))
+        .service(Strict {
+            ready: false,
+            calls: calls.clone(),
+        });
+    for id in 0..3 {
+        let job = Job {
+            id,
+            work: Duration::ZERO,
+        };
+        assert_eq!(svc.ready().await.unwrap().call(job).await.unwrap(), id);
+    }
+    let permits = ServiceBuilder::new()
+        .layer(PermitLayer::new(client.locks().semaphore("strict", 2), TTL))
+        .service(Strict {
+            ready: false,
+            calls: calls.clone(),
+        });
+    permits
+        .oneshot(Job {
+            id: 9,
+            work: Duration::ZERO,
+        })
+        .await
+        .unwrap();
+    assert_eq!(calls.load(Ordering::SeqCst), 4);
+}
+
+/// `.min_hold(d)`: a call that ends at once leaves the key held by the
+/// service until the minimum's end, as `with_lock`'s does.
+#[tokio::test]
+async fn min_hold_keeps_the_key_after_the_call() {
+    let server = MockServer::start().await;
+    let client = mock_client(&server);
+    let svc = ServiceBuilder::new()
+        .layer(LockLayer::new(client.locks(), TTL, key_of).min_hold(Duration::from_secs(60)))
+        .service(Tally::default().service());
+    svc.oneshot(Job {
+        id: 4,
+        work: Duration::ZERO,
+    })
+    .await
+    .unwrap();
+    assert!(live(&server, "job-4"), "kept for its minimum");
+    let lock = server
+        .locks()
+        .into_iter()
+        .find(|l| l.key == "job-4")
+        .unwrap();
+    let kept = (lock.expires_at - server.now()).to_std().unwrap();
+    assert!(kept > Duration::from_secs(55), "{kept:?}");
+}
+
+/// A `.wait` that runs out fails with "held"; the holder keeps its lock.
+#[tokio::test]
+async fn a_wait_that_runs_out_is_held() {
+    let server = MockServer::start().await;
+    let client = mock_client(&server);
+    let holder = mock_client(&server)
+        .locks()
+        .acquire("job-8", TTL)
+        .await
+        .unwrap();
+    let svc = ServiceBuilder::new()
+        .layer(LockLayer::new(client.locks(), TTL, key_of).wait(Duration::from_millis(700)))
+        .service(Tally::default().service());
+    let began = tokio::time::Instant::now();
+    let err = svc
+        .oneshot(Job {
+            id: 8,
+            work: Duration::ZERO,
+        })
+        .await
+        .unwrap_err();
+    assert!(lock_error(&err).is_lock_held(), "{err}");
+    assert!(began.elapsed() >= Duration::from_millis(700));
+    assert!(live(&server, "job-8"));
+    assert!(holder.fencing_token() > 0);
+}
+
+/// A panic in the inner service releases the lock, and `guard()` is the
+/// call's own: `None` in a task the call spawned.
+#[tokio::test]
+async fn a_panic_releases_and_spawned_tasks_have_no_guard() {
+    let server = MockServer::start().await;
+    let client = mock_client(&server);
+    let svc = ServiceBuilder::new()
+        .layer(LockLayer::new(client.locks(), TTL, key_of))
+        .service_fn(|job: Job| async move {
+            let spawned = tokio::spawn(async { volcano::tower::guard().is_none() });
+            assert!(spawned.await.unwrap(), "a spawned task sees no guard");
+            assert!(volcano::tower::guard().is_some());
+            if job.id == 13 {
+                panic!("the job panicked");
+            }
+            Ok::<_, BoxError>(job.id)
+        });
+    assert_eq!(
+        svc.clone()
+            .oneshot(Job {
+                id: 12,
+                work: Duration::ZERO
+            })
+            .await
+            .unwrap(),
+        12
+    );
+    let call = tokio::spawn(svc.oneshot(Job {
+        id: 13,
+        work: Duration::ZERO,
+    }));
+    assert!(call.await.unwrap_err().is_panic());
+    assert!(server
+        .wait_for(Operation::Release, 204, Duration::from_secs(5))
+        .await
+        .is_some());
+    tokio::time::timeout(Duration::from_secs(5), async {
+        while live(&server, "job-13") {
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    })
+    .await
+    .expect("released after the panic");
 }
