@@ -17,9 +17,10 @@
 //!
 //! With `VOLCANO_API_URL` or `VOLCANO_SERVICE_KEY` set, it is one replica
 //! against that service, its probes on `PROBE_ADDR` (default
-//! `127.0.0.1:8080`), until SIGTERM or Ctrl-C. Keep the drain (10 s here)
-//! under the pod's `terminationGracePeriodSeconds` (30 s by default) minus
-//! a second for the release.
+//! `127.0.0.1:8080`), until SIGTERM or Ctrl-C. Keep the drain (10 s here),
+//! the 2 s `run` may take after it and the shutdown's timeout (5 s here)
+//! under the pod's `terminationGracePeriodSeconds` (30 s by default): the
+//! budget in the leader guide.
 
 use std::time::Duration;
 

@@ -35,9 +35,8 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 /// - nothing was sent ([`Error::InvalidArgument`]);
 /// - the service answered with an error status (the variants carrying an
 ///   [`ApiError`]);
-/// - the request was sent but its outcome is unknown ([`Error::Transport`]):
-///   an acquire or renew may have been applied, so recover by repeating it with
-///   the same ownership token;
+/// - no answer came ([`Error::Transport`]); whether any request may have been applied
+///   is [`Error::may_have_been_applied`] (a 5xx may; a refused connection not);
 /// - the service answered with a success status but a body that breaks the
 ///   contract ([`Error::InvalidResponse`]).
 ///
@@ -146,8 +145,8 @@ impl Error {
         }
     }
 
-    /// True when the request may have been applied by the service although no
-    /// answer arrived (connection failure or timeout).
+    /// True when no answer arrived (refused, reset, timed out); whether it may
+    /// have been applied is [`may_have_been_applied`](Self::may_have_been_applied).
     pub fn is_transport(&self) -> bool {
         matches!(self, Error::Transport(_))
     }

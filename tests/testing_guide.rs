@@ -53,3 +53,28 @@ async fn a_503_on_a_renewal_does_not_stop_the_job() {
     );
     assert!(client.shutdown(Duration::from_secs(5)).await.is_empty());
 }
+
+/// The recipe "Watching who holds a key": a key released and taken again
+/// between two looks reads as one `TakenOver` (a free key at the first
+/// look would read `Acquired`), and the holder's expiry, moved past on the
+/// service's clock, as `Expired`.
+#[tokio::test]
+async fn watching_who_holds_a_key() -> Result<(), volcano::Error> {
+    use volcano::ChangeKind;
+    let server = MockServer::start().await;
+    let locks = Client::for_mock(&server).locks();
+    let ttl = Duration::from_secs(5);
+    let first = locks.acquire("nightly-report", ttl).await?;
+    let mut changes = locks
+        .observe("nightly-report")
+        .poll_interval(Duration::from_millis(100));
+    assert_eq!(changes.next().await.unwrap()?.kind(), ChangeKind::Initial);
+    locks.release(&first).await?;
+    let _again = locks.acquire("nightly-report", ttl).await?;
+    assert_eq!(changes.next().await.unwrap()?.kind(), ChangeKind::TakenOver);
+    server.advance(ttl - Duration::from_millis(500));
+    let _ = tokio::time::timeout(Duration::from_millis(300), changes.next()).await;
+    server.advance(Duration::from_secs(3));
+    assert_eq!(changes.next().await.unwrap()?.kind(), ChangeKind::Expired);
+    Ok(())
+}

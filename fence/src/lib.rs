@@ -106,7 +106,8 @@
 //!   the savepoint back, freeing the lock while the transaction goes on.
 //!   [`sqlx::check`] refuses a nested `begin()`; with tokio-postgres, call
 //!   the check on the outermost transaction.
-//! - **Upgrading from an earlier 0.1**: the default table was
+//! - **Upgrading from a pre-release build** (a git dependency from before
+//!   0.1.0, the first release): the default table was
 //!   `volcano_fences` in the `search_path`'s first schema and is now
 //!   `public.volcano_fences`. `migrate` adds the function to a table that
 //!   lacks it, and refuses to start a new default table when the role's

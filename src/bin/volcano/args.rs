@@ -205,14 +205,17 @@ pub(crate) enum LockCommand {
         #[command(flatten)]
         ids: RequestId,
     },
-    /// Print a line each time a key changes (acquired, renewed, released,
-    /// expired, or "ended" when freed within a second of its expiry) until
-    /// interrupted; JSON lines with --output json.
+    /// Print a line each time a key changes (acquired, renewed, taken_over,
+    /// released, expired, or ended) until interrupted; JSON lines with
+    /// --output json.
     ///
-    /// One request every --interval, the keys in turn (the default, 2s, is
-    /// 30 requests a minute: 5% of a 600/min project quota); a 429 slows it
-    /// down. "released" means freed before its expiry: by its holder, or
-    /// force-released.
+    /// "taken_over": held under a new fencing token with no free state seen
+    /// between. "released": freed before its expiry, by its holder or
+    /// force-released. "ended": freed, and the answers cannot tell a release
+    /// from an expiry (last seen before its final second, seen free only
+    /// once it had begun). One request every --interval, the keys in turn
+    /// (the default, 2s, is 30 requests a minute: 5% of a 600/min project
+    /// quota); a 429 slows it down.
     Watch {
         /// The lock keys to watch.
         #[arg(required = true, value_name = "KEY")]
