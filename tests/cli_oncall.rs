@@ -413,6 +413,8 @@ async fn diagnose_says_free_renewed_released_expired_and_unrenewed() {
     assert_eq!(stuck["verdict"], "unrenewed", "{stuck}");
     assert_eq!(stuck["fencing_token"], fence);
     assert!(stuck["watched_ms"].as_u64().unwrap() >= 70_000, "{stuck}");
+    // One look every --interval at most: never more than the watch allows.
+    assert!(stuck["looks"].as_u64().unwrap() <= 36, "{stuck}");
     let advice = stuck["advice"].as_str().unwrap();
     assert!(
         advice.contains(&format!("--if-fencing-token {fence}")),
@@ -463,4 +465,19 @@ async fn force_release_if_fencing_token_drops_only_the_lease_named() {
 
     let again = force(fence).await;
     assert_eq!(again.status.code(), Some(7), "a free key: {again:?}");
+
+    // A look that fails (the service answering 503) checks nothing: exit
+    // 7, and no force-release is sent.
+    let fence = acquire(&server, "job", TOKEN, "60").await;
+    server.inject(Fault::status(503).on(Operation::Get));
+    let blind = force(fence).await;
+    assert_eq!(blind.status.code(), Some(7), "{blind:?}");
+    assert!(String::from_utf8_lossy(&blind.stderr).contains("nothing was released"));
+    assert!(live(&server, "job"));
+    let forced = server
+        .requests()
+        .iter()
+        .filter(|r| r.operation == Operation::ForceRelease)
+        .count();
+    assert_eq!(forced, 1, "only the right token's earlier force-release");
 }
