@@ -119,6 +119,7 @@ impl Transport {
         op: &O,
         request_id: &str,
         timing: Timing,
+        quota: &crate::locks::engine::observe::Quota,
     ) -> Result<Answer<O::Output>> {
         let mut request = self.build(op, request_id, timing.timeout)?;
         let mut first_error: Option<Error> = None;
@@ -151,6 +152,13 @@ impl Transport {
             // rather than try again, which would spin). An answer stands.
             if result.is_err() && stopwatch.runtime_ran_ahead() {
                 result = Err(paused_clock(request_id));
+            }
+            // A 429 to any attempt (the retry's too, whose error gives
+            // way to the first attempt's unknown outcome) tells the
+            // client's waiters and observers to hold back until its window
+            // has passed.
+            if let Err(err) = &result {
+                quota.refused(err, Instant::now());
             }
             let in_time = timing.send_by.is_none_or(|by| Instant::now() < by);
             match (result, may_retry) {
@@ -476,7 +484,7 @@ mod tests {
             ttl_secs: 30,
         };
         let answer = transport(&wire)
-            .send(&op, REQUEST_ID, Timing::default())
+            .send(&op, REQUEST_ID, Timing::default(), &Default::default())
             .await
             .unwrap();
         assert_eq!(answer.value.fencing_token(), 7);
@@ -500,7 +508,7 @@ mod tests {
         let get = || async {
             let op = crate::ops::Get { key: "job" };
             transport(&wire)
-                .send(&op, REQUEST_ID, Timing::default())
+                .send(&op, REQUEST_ID, Timing::default(), &Default::default())
                 .await
                 .unwrap_err()
         };

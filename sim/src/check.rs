@@ -17,7 +17,9 @@
 //! expiry (`check/aim.rs`), an observer's looks on its schedule
 //! (`check/thrift.rs`), renewals retried and given up only when the
 //! window closes, with the right reason (`check/giveup.rs`), waiters of
-//! one client taking turns (`check/turns.rs`). It also
+//! one client taking turns (`check/turns.rs`), a kept minimum's fix-up
+//! spending little (`check/fixup.rs`), a wait for a permit on
+//! its ramp and woken by its own client's release (`check/permit_pace.rs`). It also
 //! measures the belief margin of every loss (`check/margin.rs`).
 
 use std::collections::BTreeSet;
@@ -30,6 +32,7 @@ mod aim;
 mod asked;
 mod cadence;
 mod deadlines;
+mod fixup;
 mod giveup;
 mod leader;
 mod leaks;
@@ -37,6 +40,7 @@ mod linear;
 mod margin;
 mod minimum;
 mod observe;
+mod permit_pace;
 mod recovery;
 mod renewal;
 mod reported;
@@ -83,11 +87,15 @@ pub(crate) fn all(
     leaks::at_end(&run, out);
     leaks::reported_at_shutdown(&run, out);
     minimum::kept_by_the_service(&run, out);
+    fixup::fix_up_spends_little(&run, out);
     leader::drains(&run, out);
     semaphore::within_count(&run, out);
     semaphore::waits_end_by_their_deadline(&run, out);
     semaphore::all_taken_only_when_seen(&run, out);
     semaphore::waits_find_a_free_permit(&run, out);
+    permit_pace::permit_waits_paced(&run, out);
+    permit_pace::own_release_wakes_the_wait(&run, out);
+    permit_pace::permit_waits_hold_back(&run, out);
     minimum::kept_within_the_cap(&run, out);
     reported::reported_as_kept(&run, out);
     leader::steps_down_in_time(&run, out);
@@ -108,6 +116,7 @@ pub(crate) fn all(
     observe::kept_looking(&run, out);
     observe::sees_expiry(&run, out);
     thrift::thrifty(&run, out);
+    thrift::quiet_while_spent(&run, out);
     thrift::looks_at_last_moments(&run, out);
     renewal::renewed(&run, out);
     cadence::acquire_retries(&run, out);

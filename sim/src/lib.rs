@@ -151,6 +151,7 @@ fn simulate(seed: u64, options: &Options) -> Outcome {
             Event::Fault { what } if what.starts_with("late-renewal-at-job-end") => {
                 "late-renewal-at-job-end"
             }
+            Event::Fault { what } if what.starts_with("quota-spent-beside") => "quota-spent-beside",
             _ => continue,
         };
         *driver.kinds.entry(kind.to_owned()).or_default() += 1;

@@ -122,9 +122,13 @@ fn unseen<'a>(run: &Run<'a>) -> Vec<Unseen<'a>> {
             continue;
         }
         let granted = run.sim_time(r.at);
+        // A waiter's tries share one request id: the grant is a try's
+        // whose answer does not show it applied (none, a 5xx, a garbled
+        // one); a try the service answered 409 was applied then.
         let bound = tries
             .iter()
             .filter(|a| a.sent <= granted)
+            .filter(|a| a.garbled.is_some() || a.answer.as_ref().is_none_or(|o| o.status >= 500))
             .map(|a| a.sent + a.timeout + LATE_MARGIN)
             .max()
             .unwrap_or(Duration::MAX);

@@ -14,18 +14,18 @@ use crate::log::Event;
 use crate::net::{Attempt, LATE_MARGIN};
 
 /// A minimum the service was asked to keep, and how its scope ended.
-struct Asked<'a> {
-    client: usize,
-    key: &'a str,
-    fence: i64,
+pub(super) struct Asked<'a> {
+    pub(super) client: usize,
+    pub(super) key: &'a str,
+    pub(super) fence: i64,
     /// When the closure returned (sim time).
-    returned: Duration,
+    pub(super) returned: Duration,
     /// The minimum's end (sim time), as its host's clock (which may run
     /// fast) ends it: nothing before it.
-    until: Duration,
+    pub(super) until: Duration,
     /// The minimum's end as asked (`left` from its return): nothing of
     /// the keep lasts past it (but for rounding and the shortest lease).
-    asked_until: Duration,
+    pub(super) asked_until: Duration,
 }
 
 /// Whether the scope whose minimum the event at `i` asked for ended with
@@ -39,7 +39,7 @@ fn kept_at_end(run: &Run<'_>, i: usize, client: usize, key: &str, fence: i64) ->
 
 /// The minimums whose scopes returned `Ok` with their lease kept by the
 /// service.
-fn kept<'a>(run: &Run<'a>) -> Vec<Asked<'a>> {
+pub(super) fn kept<'a>(run: &Run<'a>) -> Vec<Asked<'a>> {
     let mut found = Vec::new();
     for (i, e) in run.events.iter().enumerate() {
         // A minimum capped by an equal `max_hold` ends with the cap.

@@ -15,6 +15,7 @@ use volcano_mock_server::Operation;
 
 use super::observe::{looks_in, windows};
 use super::run::Run;
+use crate::log::Event;
 
 /// The simulation's timers fire on ticks: how much sooner than due a look
 /// may go.
@@ -187,6 +188,58 @@ pub(super) fn looks_at_last_moments(run: &Run<'_>, out: &mut Vec<String>) {
                      not look in its last moments ({from:?} to {to:?})",
                     w.client, w.key, look.sent, w.poll
                 ));
+            }
+        }
+    }
+}
+
+/// A 429 to any request of a client spends its quota until the window it
+/// names: none of its observers looks before that window ends (each then
+/// spreads its next look), whichever request was told. The simulation's
+/// observers of a twin key (`program/observing.rs`) get their first looks
+/// answered so, beside an observer of another key. Judged on exact clocks.
+pub(super) fn quiet_while_spent(run: &Run<'_>, out: &mut Vec<String>) {
+    if run.clock_rate != 1.0 {
+        return;
+    }
+    let max_pause = Duration::from_secs(60);
+    for (i, e) in run.events.iter().enumerate() {
+        let Event::Observing {
+            client, key, until, ..
+        } = &e.event
+        else {
+            continue;
+        };
+        let to = run.step_ended(i, *client).min(*until);
+        let spent: Vec<(Duration, Duration, &str)> = run
+            .server
+            .sent
+            .attempts
+            .iter()
+            .filter(|a| a.client == *client)
+            .filter_map(|a| {
+                let o = a.answer.as_ref().filter(|o| o.status == 429)?;
+                let after = o.retry_after?.min(max_pause);
+                Some((o.at, o.at + after, a.key.as_str()))
+            })
+            .collect();
+        for look in run.server.sent.attempts.iter().filter(|a| {
+            a.client == *client
+                && a.key == *key
+                && a.operation == Operation::Get
+                && a.sent > e.at
+                && a.sent <= to
+        }) {
+            if let Some((told, quiet, of)) = spent
+                .iter()
+                .find(|(told, quiet, _)| *told + SOON < look.sent && look.sent + SOON < *quiet)
+            {
+                out.push(format!(
+                    "observe: client {client} looked at {key} at {:?}, though a 429 to its \
+                     request of {of} at {told:?} named quiet until {quiet:?}",
+                    look.sent
+                ));
+                break;
             }
         }
     }

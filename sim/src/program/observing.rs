@@ -25,11 +25,41 @@ impl Ctx {
     /// Observes `key` for a few times the step's work, logging each
     /// change; the checks judge each against the server's journal, and
     /// the observer's looks against its poll interval.
+    ///
+    /// A third of the time a second observer of the client watches a key
+    /// of its own (`{key}-twin`, which nobody holds) beside it, and the
+    /// twin's first looks are answered 429 (a window of 1 s): the client's
+    /// quota is spent, and the first observer must keep quiet too.
     pub(super) async fn observe(&self, key: &str, work: Duration, coin: u64) {
         let (span, poll) = (campaign(work), poll_for(coin));
         if coin % 8 == 5 {
             self.observe_edges(key).await;
         }
+        if (coin >> 20) % 3 != 0 {
+            return self.observe_for(key, span, poll).await;
+        }
+        let twin = format!("{key}-twin");
+        if let Some(mock) = crate::lock(&self.server).as_ref() {
+            mock.inject(
+                volcano_mock_server::Fault::status(429)
+                    .on(volcano_mock_server::Operation::Get)
+                    .key(twin.as_str())
+                    .times(2),
+            );
+        }
+        self.log.push(Event::Fault {
+            what: format!(
+                "quota-spent-beside 429 on Get x2 of {twin}, beside an observer of {key}"
+            ),
+        });
+        tokio::join!(
+            self.observe_for(key, span, poll),
+            self.observe_for(&twin, span, poll_for(coin >> 7))
+        );
+    }
+
+    /// Observes `key` for `span`, looking every `poll`.
+    async fn observe_for(&self, key: &str, span: Duration, poll: Duration) {
         let until = turmoil::sim_elapsed().unwrap_or_default() + span;
         self.log.push(Event::Observing {
             client: self.id,

@@ -6,6 +6,7 @@
 //! The `try_with_lock` scope (a minimum hold, a takeover, bad input) is in
 //! `steps/try_scope.rs`.
 
+mod let_go;
 mod permits;
 mod try_scope;
 

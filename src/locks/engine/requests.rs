@@ -48,13 +48,13 @@ pub(crate) async fn send<O: Operation>(
         answer_by: window.answer_by,
     };
     let client = locks.client();
-    let answer = client.transport().send(op, request_id, timing).await;
-    if let Err(err) = &answer {
-        // A 429 to any of the client's requests tells its waiters and
-        // observers to hold back until its window has passed.
-        client.quota().refused(err, tokio::time::Instant::now());
-    }
-    answer
+    // A 429 to any attempt of the client's requests tells its waiters and
+    // observers to hold back until its window has passed (the transport
+    // marks the client's quota spent).
+    client
+        .transport()
+        .send(op, request_id, timing, client.quota())
+        .await
 }
 
 /// Renews `lease` for `ttl`, with what a guard needs to time it.

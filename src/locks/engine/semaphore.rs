@@ -188,7 +188,9 @@ async fn taking(
             next = next.max(now + after.min(crate::retry::wait::MAX_RETRY_AFTER));
             paused_by_service = true;
         }
-        if let Some(quiet) = client.quota().quiet_until() {
+        // (A window that has passed asks for nothing: the pause is the
+        // ramp's, and a permit freed here still ends it.)
+        if let Some(quiet) = client.quota().quiet_until().filter(|&quiet| quiet > now) {
             next = next.max(quiet + poll.mul_f64(crate::random::unit()));
             paused_by_service = true;
         }

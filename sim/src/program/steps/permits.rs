@@ -1,16 +1,14 @@
 //! Semaphores (`locks.semaphore`): a scope under a permit that waits for
 //! one (`with_permit`), a try that does not wait (`try_with_permit`) on a
 //! semaphore some of whose permits are taken by hand, as other processes
-//! would take them, and a permit's own `acquire` with a minimum hold. And
-//! how a held lock with a minimum is let go of ([`Ctx::let_go_after`]),
-//! shared with `hold(..).min_hold(..)`.
+//! would take them, and a permit's own `acquire` with a minimum hold (let
+//! go of as `steps/let_go.rs` does).
 
 use std::time::Duration;
 
 use crate::log::Event;
 use crate::program::ctx::Ctx;
 use crate::program::op::{one_in, poll_for};
-use volcano::{HeldLock, LostReason, MinHold};
 
 impl Ctx {
     /// Works under a permit: half the time in a `with_permit` scope on
@@ -186,16 +184,38 @@ impl Ctx {
     /// A wait for a permit of `{key}-sem` while this program holds both
     /// by hand (plain acquires of their keys), polling every 0.5 s; 2 s to
     /// 4 s in, one of them is released: the wait must find it, however its
-    /// rounds rotate.
+    /// rounds rotate. Half the time that one is not released but left to
+    /// lapse (taken for the shortest lease, 5 s, the other for 30 s): a
+    /// permit freed by no release of this client, which only the rounds'
+    /// rotation finds.
     async fn permit_rotation(&self, key: &str, ttl: Duration, coin: u64) {
         let name = format!("{key}-sem");
         let semaphore = self.locks.semaphore(name.as_str(), 2);
-        let mut by_hand = self.take_by_hand(&semaphore, 0..2, ttl).await;
+        let which = ((coin >> 59) % 2) as usize;
+        let lapses = one_in(coin >> 50, 2);
+        let mut by_hand = if lapses {
+            let mut taken = Vec::new();
+            for i in 0..2u32 {
+                let ttl = if i as usize == which { 5 } else { 30 };
+                taken.extend(
+                    self.take_by_hand(&semaphore, [i], Duration::from_secs(ttl))
+                        .await,
+                );
+            }
+            taken
+        } else {
+            self.take_by_hand(&semaphore, 0..2, ttl).await
+        };
         let (wait, poll) = (Duration::from_secs(20), Duration::from_millis(500));
         self.permit_wait(&name, wait, poll);
         let freed_after = Duration::from_millis(2_000 + (coin >> 57) % 2_000);
-        let which = ((coin >> 59) % 2) as usize;
-        let freed = (by_hand.len() == 2).then(|| by_hand.remove(which));
+        let mut freed = (by_hand.len() == 2).then(|| by_hand.remove(which));
+        if lapses {
+            // Left to lapse: released by nobody.
+            if let Some(lease) = freed.take() {
+                self.kept(lease.key(), Some(lease.fencing_token()));
+            }
+        }
         let waiting = semaphore.acquire(ttl).wait(wait).poll_interval(poll).send();
         let freeing = async {
             let Some(lease) = freed else { return };
@@ -289,100 +309,5 @@ impl Ctx {
         self.work(&[&*held], work).await;
         self.let_go_after(held, min, began, coin).await;
         ended.await;
-    }
-
-    /// Lets go of a lock held with a minimum hold of `min` since `began`
-    /// (its host's clock): a third of the time `release_now()` (released
-    /// at once, nothing kept); else `release()`, which hands what is left
-    /// of the minimum to the service (logged as a scope's minimum is, for
-    /// the same checks).
-    pub(super) async fn let_go_after(
-        &self,
-        held: HeldLock,
-        min: Duration,
-        began: Duration,
-        coin: u64,
-    ) {
-        let key = held.key().to_owned();
-        if one_in(coin >> 60, 3) {
-            let released = held.release_now().await;
-            return self.released(&key, released);
-        }
-        let guard = (*held).clone();
-        if one_in(coin >> 46, 2) {
-            self.end_on_a_held_renewal(&key, guard.ttl(), coin).await;
-        }
-        let fence = guard.lease().fencing_token();
-        let left = (began + min).saturating_sub(self.clock.now());
-        let asked = !left.is_zero() && !guard.is_lost();
-        if asked {
-            self.log.push(Event::MinimumAsked {
-                client: self.id,
-                key: key.clone(),
-                fence,
-                left,
-                capped: false,
-            });
-        }
-        // What the SDK says became of the minimum: judged against the
-        // service's journal (`check::minimum`).
-        let (released, reported) = match held.release_reporting().await {
-            Ok(reported) => (Ok(()), Some(reported)),
-            Err(err) => (Err(err), None),
-        };
-        if !asked {
-            return self.released(&key, released);
-        }
-        let kept = reported == Some(MinHold::Kept)
-            && guard
-                .failure()
-                .is_some_and(|lost| lost.reason() == LostReason::Released);
-        self.log.push(Event::MinimumReported {
-            client: self.id,
-            key: key.clone(),
-            fence,
-            kept: reported == Some(MinHold::Kept),
-        });
-        self.log.push(Event::MinimumEnded {
-            client: self.id,
-            key: key.clone(),
-            fence,
-            kept,
-        });
-        match released {
-            // Kept by the service, not released.
-            Ok(()) => self.note(format!("release of {key}: kept for its minimum")),
-            Err(err) => self.note(format!("release of {key}: {err}")),
-        }
-    }
-
-    /// Ends a job the moment its next renewal goes out (within `ttl`),
-    /// with that renewal held on its way for 0.5 s to 8 s and applied then:
-    /// after the keep of a minimum, or the release, that follows at once.
-    /// A renewal cannot bring a released lease back; a kept one it would
-    /// stretch (or cut short) unless the SDK puts it right.
-    pub(super) async fn end_on_a_held_renewal(&self, key: &str, ttl: Duration, coin: u64) {
-        let held = Duration::from_millis(500 + (coin >> 47) % 7_500);
-        if let Some(mock) = crate::lock(&self.server).as_ref() {
-            mock.inject(
-                volcano_mock_server::Fault::delay(held)
-                    .on(volcano_mock_server::Operation::Renew)
-                    .key(key)
-                    .times(1),
-            );
-        }
-        self.log.push(Event::Fault {
-            what: format!("late-renewal-at-job-end held {held:?}, of {key}"),
-        });
-        let mut requests = self.requests.clone();
-        let next = *requests.borrow_and_update() + 1;
-        let sent = tokio::time::timeout(ttl, async {
-            requests.wait_for(|n| *n >= next).await.is_ok()
-        })
-        .await;
-        if sent == Ok(true) {
-            // Until it has reached the server, which holds it.
-            tokio::time::sleep(Duration::from_millis(100)).await;
-        }
     }
 }

@@ -158,6 +158,36 @@ mod tests {
         assert_eq!(Arc::strong_count(&recent), 2, "still remembered");
     }
 
+    #[tokio::test(start_paused = true)]
+    async fn a_semaphore_used_again_is_kept_as_recently_used() {
+        let semaphores = Semaphores::default();
+        drop(semaphores.memory("old", 2));
+        for n in 0..KEPT_IDLE - 1 {
+            tokio::time::advance(std::time::Duration::from_millis(1)).await;
+            drop(semaphores.memory(&format!("one-off-{n}"), 2));
+        }
+        // Used again: now the most recently used, though made first.
+        tokio::time::advance(std::time::Duration::from_millis(1)).await;
+        semaphores.memory("old", 2).touch();
+        for n in 0..2 {
+            tokio::time::advance(std::time::Duration::from_millis(1)).await;
+            drop(semaphores.memory(&format!("late-{n}"), 2));
+        }
+        let names: Vec<String> = crate::lock_unpoisoned(&semaphores.by_name)
+            .keys()
+            .map(|(name, _)| name.clone())
+            .collect();
+        assert!(
+            names.contains(&"old".to_owned()),
+            "forgotten though used again"
+        );
+        assert!(
+            !names.contains(&"one-off-0".to_owned()),
+            "the least recently used kept"
+        );
+        assert!(semaphores.remembered() <= KEPT_IDLE + 1);
+    }
+
     #[tokio::test]
     async fn a_permit_freed_here_is_news_to_its_semaphore_only() {
         let semaphores = Semaphores::default();

@@ -1,0 +1,133 @@
+//! A kept minimum put right spends little (`release/late.rs`, `Kept`):
+//! while a late request of its lease may land, the expiry is put back to
+//! the minimum's end every 3 s, and once more when the last window has
+//! closed; then nothing more. A renewal back that failed is tried again
+//! after a pause of a second or two, never at once. `check/minimum.rs`
+//! judges where the lease ends; a fix-up that renews in a loop ends it in
+//! the right place and spends the project's quota: this catches it.
+//! Judged on exact clocks (the fix-up is timed on the host's).
+
+use std::time::Duration;
+
+use volcano_mock_server::Operation;
+
+use super::run::Run;
+use crate::log::Event;
+use crate::net::{Attempt, LATE_MARGIN};
+
+/// The least pause between a renewal back and the next (its retry pause
+/// is 1 s, its cadence 3 s), less a tick.
+const LEAST_PAUSE: Duration = Duration::from_millis(900);
+/// Timers fire on ticks.
+const SLACK: Duration = Duration::from_millis(20);
+
+/// When a request's outcome was known to its client: its answer, or its
+/// failure.
+fn ended(a: &Attempt) -> Option<Duration> {
+    a.answer.as_ref().map(|o| o.at).or(a.failed)
+}
+
+/// After the keep, renewals back go no sooner than [`LEAST_PAUSE`] after
+/// the last request of the lease ended, but for one (the one once the
+/// last window closed); none after the minimum's end; and none after a
+/// renewal back sent once every window had closed was answered.
+pub(super) fn fix_up_spends_little(run: &Run<'_>, out: &mut Vec<String>) {
+    if run.clock_rate != 1.0 {
+        return;
+    }
+    for m in super::minimum::kept(run) {
+        if run.lease_clock_moved(m.client, m.returned, m.asked_until) {
+            continue;
+        }
+        let Some(token) = run.token_of(m.key, m.fence) else {
+            continue;
+        };
+        let of_token: Vec<&Attempt> = run
+            .server
+            .sent
+            .attempts
+            .iter()
+            .filter(|a| a.client == m.client && a.token.as_deref() == Some(token))
+            .collect();
+        // The window of every request that may land late, sent before `at`,
+        // counted as late as the SDK may count it: from its 5xx, its
+        // failure, or the keep (a request abandoned then), its whole
+        // timeout and the margin.
+        let windows_close = |at: Duration| {
+            of_token
+                .iter()
+                .filter(|a| a.sent < at && a.answer.as_ref().is_none_or(|o| o.status >= 500))
+                .map(|a| {
+                    let from = a.answer.as_ref().map(|o| o.at).or(a.failed);
+                    from.unwrap_or(m.returned).max(a.sent) + a.timeout + LATE_MARGIN
+                })
+                .max()
+                .unwrap_or_default()
+        };
+        // The fix-up begins once the keep (retried as any renewal is) has
+        // returned: its renewals are those sent since.
+        let Some(kept_at) = run.events.iter().find_map(|e| match &e.event {
+            Event::MinimumEnded {
+                client,
+                key,
+                fence,
+                kept: true,
+            } if *client == m.client && key == m.key && *fence == m.fence => Some(e.at),
+            _ => None,
+        }) else {
+            continue;
+        };
+        let renewals: Vec<&&Attempt> = of_token
+            .iter()
+            .filter(|a| a.operation == Operation::Renew && a.sent > kept_at)
+            .collect();
+        let mut last_end = None;
+        let mut closed_and_kept = false;
+        let mut short_gaps = 0;
+        for r in renewals {
+            let fault = |what: String| {
+                format!(
+                    "kept minimum fix-up wasteful: client {}'s minimum on {} (fence {}, until \
+                     {:?}) {what}",
+                    m.client, m.key, m.fence, m.asked_until
+                )
+            };
+            if closed_and_kept {
+                out.push(fault(format!(
+                    "was put right once every window had closed, then renewed again at {:?}",
+                    r.sent
+                )));
+                break;
+            }
+            if r.sent > m.asked_until + SLACK {
+                out.push(fault(format!("renewed at {:?}, past its end", r.sent)));
+                break;
+            }
+            let close = windows_close(r.sent);
+            let once_closed = r.sent + SLACK >= close;
+            if let Some(prev) = last_end {
+                // One renewal back may follow closely: the one once the
+                // last window closed (the SDK's window may close sooner
+                // than counted here).
+                let short = r.sent + SLACK < prev + LEAST_PAUSE;
+                short_gaps += usize::from(short);
+                if short && short_gaps > 1 {
+                    out.push(fault(format!(
+                        "renewed back at {:?}, {:?} after its last request ended",
+                        r.sent,
+                        r.sent.saturating_sub(prev)
+                    )));
+                    break;
+                }
+            }
+            // Any request of the lease (a release too) ends the pause.
+            last_end = of_token
+                .iter()
+                .filter(|a| a.sent <= r.sent + SLACK)
+                .filter_map(|a| ended(a))
+                .max()
+                .max(ended(r));
+            closed_and_kept = once_closed && r.answer.as_ref().is_some_and(|o| o.status == 200);
+        }
+    }
+}
