@@ -10,17 +10,17 @@
 //!
 //! | the job | the API | guide |
 //! |---|---|---|
-//! | a cron or periodic job on several hosts, once per period | [`Locks::try_with_lock`] + `min_hold` (or `volcano locks run --min-hold`) | [jobs](https://github.com/volcano-locks/volcano/blob/main/docs/guide/jobs.md#schedulers-and-cron) |
-//! | run a job under a lock and always release it | [`Locks::with_lock`] | [jobs](https://github.com/volcano-locks/volcano/blob/main/docs/guide/jobs.md#scoped-locks-with_lock) |
-//! | a value or struct that keeps a lock | [`Locks::hold`] ([`HeldLock`]) | [jobs](https://github.com/volcano-locks/volcano/blob/main/docs/guide/jobs.md#holding-a-lock-for-a-long-time-hold) |
-//! | a singleton service: one replica leads | [`Locks::leader`] | [leader](https://github.com/volcano-locks/volcano/blob/main/docs/guide/leader.md) |
-//! | several keys at once | [`Locks::with_locks`], [`Locks::hold_all`] | [jobs](https://github.com/volcano-locks/volcano/blob/main/docs/guide/jobs.md#several-keys-at-once-hold_all-with_locks) |
-//! | at most N at once | [`Locks::semaphore`] | [semaphore](https://github.com/volcano-locks/volcano/blob/main/docs/guide/semaphore.md) |
-//! | watch a key for dashboards and alerts | [`Locks::observe`] | [observe](https://github.com/volcano-locks/volcano/blob/main/docs/guide/observe.md) |
-//! | any command or script, in any language | `volcano locks run` (feature `cli`) | [CLI](https://github.com/volcano-locks/volcano/blob/main/docs/guide/cli.md) |
-//! | each job of an apalis worker, or each call of an axum route, under a lock or a permit | `volcano::tower` (feature `tower`) | [tower layers](https://github.com/volcano-locks/volcano/blob/main/docs/guide/tower.md) |
+//! | a cron or periodic job on several hosts, once per period | [`Locks::try_with_lock`] + `min_hold` (or `volcano locks run --min-hold`) | [jobs](crate::guide::jobs) |
+//! | run a job under a lock and always release it | [`Locks::with_lock`] | [jobs](crate::guide::jobs) |
+//! | a value or struct that keeps a lock | [`Locks::hold`] ([`HeldLock`]) | [jobs](crate::guide::jobs) |
+//! | a singleton service: one replica leads | [`Locks::leader`] | [leader](crate::guide::leader) |
+//! | several keys at once | [`Locks::with_locks`], [`Locks::hold_all`] | [jobs](crate::guide::jobs) |
+//! | at most N at once | [`Locks::semaphore`] | [semaphore](crate::guide::semaphore) |
+//! | watch a key for dashboards and alerts | [`Locks::observe`] | [observe](crate::guide::observe) |
+//! | any command or script, in any language | `volcano locks run` (feature `cli`) | [CLI](crate::guide::cli) |
+//! | each job of an apalis worker, or each call of an axum route, under a lock or a permit | `volcano::tower` (feature `tower`) | [tower layers](crate::guide::tower) |
 //! | tests of your own code | `volcano::mock` (feature `mock`) | the `mock` module's page |
-//! | the store side of fencing | the `volcano-fence` crate | [fencing](https://github.com/volcano-locks/volcano/blob/main/docs/guide/fencing.md) |
+//! | the store side of fencing | the `volcano-fence` crate | [fencing](crate::guide::fencing) |
 //!
 //! The single requests ([`Locks::acquire`], `renew`, `get`, `release`,
 //! `force_release`) give full control. Each call returns a builder:
@@ -58,25 +58,25 @@
 //! - `tls-aws-lc-rs` (default) or `tls-ring`: rustls's crypto provider
 //!   (take `tls-ring` with `default-features = false`, or both are
 //!   compiled in). Certificates are checked against the OS trust store and
-//!   the standard proxy variables are honoured: [TLS and HTTP](https://github.com/volcano-locks/volcano/blob/main/docs/guide/tls-http.md).
+//!   the standard proxy variables are honoured: [TLS and HTTP](crate::guide::tls_http).
 //! - `mock`: `volcano::mock`, the in-process mock server (its page is the
 //!   testing guide), and `Client::for_mock`. Under `[dev-dependencies]`.
 //! - `metrics`: counters, histograms and gauges through the `metrics`
-//!   facade: [names and labels](https://github.com/volcano-locks/volcano/blob/main/docs/guide/observability.md#metrics).
+//!   facade: [names and labels](crate::guide::observability#metrics).
 //! - `cli`: the `volcano` admin command (`cargo install volcano --features
-//!   cli`): [its guide and exit codes](https://github.com/volcano-locks/volcano/blob/main/docs/guide/cli.md).
+//!   cli`): [its guide and exit codes](crate::guide::cli).
 //! - `tower`: `volcano::tower`, locks and permits as tower 0.5 layers
 //!   ([`LockLayer`](crate::tower::LockLayer),
-//!   [`PermitLayer`](crate::tower::PermitLayer)): [guide](https://github.com/volcano-locks/volcano/blob/main/docs/guide/tower.md).
+//!   [`PermitLayer`](crate::tower::PermitLayer)): [guide](crate::guide::tower).
 //!
 //! ## Guides
 //!
-//! [Jobs](https://github.com/volcano-locks/volcano/blob/main/docs/guide/jobs.md), [leader election](https://github.com/volcano-locks/volcano/blob/main/docs/guide/leader.md),
-//! [semaphores](https://github.com/volcano-locks/volcano/blob/main/docs/guide/semaphore.md), [observing a key](https://github.com/volcano-locks/volcano/blob/main/docs/guide/observe.md),
-//! [TTLs and clocks](https://github.com/volcano-locks/volcano/blob/main/docs/guide/ttl-and-clocks.md), [fencing](https://github.com/volcano-locks/volcano/blob/main/docs/guide/fencing.md),
-//! [uncertain outcomes, `shutdown`, retries and errors](https://github.com/volcano-locks/volcano/blob/main/docs/guide/outcomes.md),
-//! [waiting and the quota](https://github.com/volcano-locks/volcano/blob/main/docs/guide/waiting.md), [the CLI](https://github.com/volcano-locks/volcano/blob/main/docs/guide/cli.md), [tower layers](https://github.com/volcano-locks/volcano/blob/main/docs/guide/tower.md),
-//! [logs and metrics](https://github.com/volcano-locks/volcano/blob/main/docs/guide/observability.md), [TLS and HTTP](https://github.com/volcano-locks/volcano/blob/main/docs/guide/tls-http.md),
+//! [Jobs](crate::guide::jobs), [leader election](crate::guide::leader),
+//! [semaphores](crate::guide::semaphore), [observing a key](crate::guide::observe),
+//! [TTLs and clocks](crate::guide::ttl_and_clocks), [fencing](crate::guide::fencing),
+//! [uncertain outcomes, `shutdown`, retries and errors](crate::guide::outcomes),
+//! [waiting and the quota](crate::guide::waiting), [the CLI](crate::guide::cli), [tower layers](crate::guide::tower),
+//! [logs and metrics](crate::guide::observability), [TLS and HTTP](crate::guide::tls_http),
 //! and testing (the `mock` module).
 //!
 //! What a lease cannot promise: a process can pause (GC, swap, suspend)
@@ -104,6 +104,7 @@ mod client;
 mod clock;
 mod error;
 mod error_body;
+pub mod guide;
 mod http_client;
 mod http_date;
 mod lease;
@@ -173,7 +174,7 @@ pub mod tower;
 #[cfg(feature = "mock")]
 #[cfg_attr(docsrs, doc(cfg(feature = "mock")))]
 pub mod mock {
-    #![doc = include_str!("../docs/testing.md")]
+    #![doc = include_str!(concat!(env!("OUT_DIR"), "/testing.md"))]
     #[doc(inline)]
     pub use volcano_mock_server::*;
 }

@@ -91,7 +91,7 @@ impl std::fmt::Debug for LeaderHealth {
 /// A readiness probe asks "am I a healthy candidate?", not "do I lead?":
 /// a rolling update waits for new replicas to become ready, and they start
 /// as followers ([the leader
-/// guide](https://github.com/volcano-locks/volcano/blob/main/docs/guide/leader.md#what-a-probe-should-ask)).
+/// guide](crate::guide::leader#what-a-probe-should-ask)).
 /// Traffic for the leader alone goes by `Leading`, on another endpoint.
 ///
 /// ```no_run

@@ -28,7 +28,8 @@
 //! and looks at the takeover moment when that comes within one and a half
 //! intervals. Standbys are long waits by nature, and a fleet of them
 //! starting together (a deploy) would spend most of the project's quota in
-//! its first minute on a ramp: 16 candidates about 55 %, 28 about 95 %.
+//! its first minute on a ramp: 16 candidates about 60 % (measured: docs/benchmarks.md,
+//! section 10), 28 more than all of it.
 //!
 //! Uncertain outcomes end in a known state. No try (nor acquire's single
 //! retry, nor a `get`) starts after the deadline. A try still in flight at

@@ -1,7 +1,8 @@
 //! The README's and guides' code blocks, compiled.
 //!
-//! Every `rust` code block of `README.md` (in `readme.rs`) and
-//! `docs/guide/*.md` (in `guides.rs`) appears there, verbatim once its
+//! Every `rust` code block of `README.md` (in `readme.rs`),
+//! `docs/guide/*.md` (in `guides.rs`) and `docs/testing.md` (in
+//! `testing.rs`) appears there, verbatim once its
 //! common indentation is removed, as the body of one `snippet_*` function
 //! (the comment above each names where it comes from). The functions are never called: compiling them checks that each
 //! block uses the API as it is. The helpers stand for your own code: the
@@ -102,7 +103,44 @@ async fn my_job(client: volcano::Client) -> Result<(), MyError> {
     Ok(())
 }
 
+/// An export job, for docs/guide/tower.md.
+struct Export {
+    id: u64,
+}
+
+async fn run_export(export: Export) -> Result<(), std::io::Error> {
+    let _ = export.id;
+    Ok(())
+}
+
+/// What the testing guide's recipes call: your application's code.
+mod my_app {
+    #[derive(Debug)]
+    pub(crate) enum Error {
+        LockLost,
+        Lock(volcano::Error),
+    }
+
+    pub(crate) async fn run_nightly_report(
+        client: &volcano::Client,
+    ) -> Result<Option<u64>, volcano::Error> {
+        let _ = client;
+        Ok(None)
+    }
+
+    pub(crate) async fn long_job(client: volcano::Client) -> Result<(), Error> {
+        let _ = client;
+        Ok(())
+    }
+
+    pub(crate) async fn write_report(guard: &volcano::LockGuard) -> Result<(), volcano::Error> {
+        let _ = guard;
+        Ok(())
+    }
+}
+
 mod guides;
 mod readme;
+mod testing;
 
 fn main() {}

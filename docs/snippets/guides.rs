@@ -166,16 +166,6 @@ async fn snippet_semaphore(locks: volcano::Locks, client: volcano::Client) -> Re
     Ok(())
 }
 
-/// An export job, for docs/guide/tower.md.
-struct Export {
-    id: u64,
-}
-
-async fn run_export(export: Export) -> Result<(), std::io::Error> {
-    let _ = export.id;
-    Ok(())
-}
-
 /// docs/guide/tower.md, "Errors, and a lock held elsewhere"
 #[rustfmt::skip]
 async fn snippet_tower(locks: volcano::Locks, client: volcano::Client) -> Result<(), MyError> {

@@ -34,7 +34,7 @@ async fn snippet_api_in_20_lines(locks: volcano::Locks, client: volcano::Client)
     Ok(())
 }
 
-/// README.md, "Once per period: `try_with_lock` and `min_hold`" and docs/guide/jobs.md, "Run a job once across workers: `try_with_lock`"
+/// README.md, "A job once across hosts" and docs/guide/jobs.md, "Run a job once across workers: `try_with_lock`"
 #[rustfmt::skip]
 async fn snippet_try_with_lock_min_hold(locks: volcano::Locks, client: volcano::Client) -> Result<(), MyError> {
     // Every host runs this every 5 minutes; whoever gets the lock runs the job.
@@ -48,85 +48,6 @@ async fn snippet_try_with_lock_min_hold(locks: volcano::Locks, client: volcano::
     match ran {
         Some(rows) => println!("report done: {rows} rows"),
         None => println!("another host has it; skipping this run"),
-    }
-    Ok(())
-}
-
-/// README.md, "A job under a lock: `with_lock`"
-#[rustfmt::skip]
-async fn snippet_with_lock_short(locks: volcano::Locks, client: volcano::Client) -> Result<(), MyError> {
-    locks
-        .with_lock("daily-report", Duration::from_secs(30), |guard| async move {
-            if guard.is_lost() { return Err(MyError::Lost); }  // check before each side effect
-            write_report(guard.lease().fencing_token()).await   // the store rejects stale fences
-        })
-        .await?;
-    Ok(())
-}
-
-/// README.md, "A lock kept in a value: `hold`"
-#[rustfmt::skip]
-async fn snippet_hold_short(locks: volcano::Locks, client: volcano::Client) -> Result<(), MyError> {
-    let held = locks.hold("ingest", Duration::from_secs(30)).await?; // HeldLock: Send + Sync + 'static
-    tokio::select! {
-        _ = held.lost() => eprintln!("lost the lock; stop writing"),
-        _ = ingest(held.lease().fencing_token()) => {}
-    }
-    held.release().await?;                                           // Err(LockLost) if it was lost meanwhile
-    Ok(())
-}
-
-/// README.md, "One replica leads: `leader`"
-#[rustfmt::skip]
-async fn snippet_leader_drain_short(locks: volcano::Locks, client: volcano::Client) -> Result<(), MyError> {
-    let store = Arc::new(Store::new());
-    let shutdown = async { tokio::signal::ctrl_c().await.ok(); }; // SIGTERM too: examples/leader_probe.rs
-    locks.leader("scheduler", Duration::from_secs(15))
-        .until(shutdown)                                 // step down on Ctrl-C ...
-        .drain(Duration::from_secs(20))                  // ... once the job in hand is done
-        .run(move |term| {
-            let store = Arc::clone(&store);              // one clone per term
-            async move {
-                let fence = term.lease().fencing_token(); // higher in every term
-                while !term.is_stepping_down() {
-                    schedule_next(&store, fence).await?;  // the store rejects older fences
-                }
-                Ok::<(), MyError>(())
-            }
-        })
-        .await?;
-    Ok(())
-}
-
-/// README.md, "At most N at once: `semaphore`"
-#[rustfmt::skip]
-async fn snippet_semaphore_short(locks: volcano::Locks, client: volcano::Client) -> Result<(), MyError> {
-    let partner = locks.semaphore("partner-api", 4);                   // at most 4 holders, fleet-wide
-    let permit = partner.acquire(Duration::from_secs(30))              // a HeldLock on "partner-api:i"
-        .wait(Duration::from_secs(60))
-        .await?;
-    call_partner(permit.key(), permit.lease().fencing_token()).await?; // fence per permit
-    permit.release().await?;
-    Ok(())
-}
-
-/// README.md, "Several keys at once: `with_locks`"
-#[rustfmt::skip]
-async fn snippet_with_locks_short(locks: volcano::Locks, client: volcano::Client) -> Result<(), MyError> {
-    locks
-        .with_locks(["accounts", "ledger"], Duration::from_secs(30), |set| async move {
-            transfer(set.fencing_token("accounts"), set.fencing_token("ledger")).await
-        })
-        .await?;
-    Ok(())
-}
-
-/// README.md, "Watching a key: `observe`"
-#[rustfmt::skip]
-async fn snippet_observe_short(locks: volcano::Locks, client: volcano::Client) -> Result<(), MyError> {
-    let mut changes = locks.observe("nightly-report");   // a look every 10 s by default
-    while let Some(change) = changes.next().await {
-        println!("{}", change?.kind());                    // acquired, renewed, taken_over, released, expired ...
     }
     Ok(())
 }
