@@ -121,6 +121,11 @@ impl<'a> Run<'a> {
         self.clock_rate == 1.0 && self.jumps.is_empty()
     }
 
+    /// Whether the server's clock jumped in `[from, to]` (sim time).
+    pub(super) fn jumped_within(&self, from: Duration, to: Duration) -> bool {
+        self.jumps.iter().any(|(at, _)| *at >= from && *at <= to)
+    }
+
     /// How belief `b` ended, in the log's words (`None`: still held at
     /// the end).
     pub(super) fn why_ended(&self, b: &Belief) -> Option<&'a str> {

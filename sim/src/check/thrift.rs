@@ -5,8 +5,10 @@
 //! The observe checks (`check/observe.rs`) judge what an observer says
 //! and that it keeps looking; an observer that looks too often tells the
 //! truth and keeps looking, and spends the project's quota: this catches
-//! it. Judged on exact clocks only, and not across a server clock jump
-//! (its estimate of the server's clock starts again there).
+//! it. Judged on exact host clocks only, and not across a server clock
+//! jump: an observer's estimate of the server's clock starts again at the
+//! first answer after one, so the looks from two answers before a jump to
+//! the next answer after it are not judged (the rest of the run is).
 
 use std::collections::BTreeMap;
 use std::time::Duration;
@@ -49,7 +51,7 @@ const QUICK: Duration = Duration::from_millis(200);
 /// After a failed look (a 429, a 5xx, no answer) the next waits the poll
 /// interval at least.
 pub(super) fn thrifty(run: &Run<'_>, out: &mut Vec<String>) {
-    if !run.exact_and_steady() {
+    if run.clock_rate != 1.0 {
         return;
     }
     let journal = &run.server.journal;
@@ -70,8 +72,13 @@ pub(super) fn thrifty(run: &Run<'_>, out: &mut Vec<String>) {
         let looks = looks_in(run, &w);
         // The looks off the regular cadence spent on each lease.
         let mut spent: BTreeMap<(i64, Duration), usize> = BTreeMap::new();
-        for pair in looks.windows(2) {
+        for (n, pair) in looks.windows(2).enumerate() {
             let (prev, look) = (pair[0], pair[1]);
+            // Its estimate of the server's clock, from the answers before.
+            let since = looks[n.saturating_sub(1)].sent;
+            if run.jumped_within(since.saturating_sub(w.poll), look.sent) {
+                continue;
+            }
             let answered = prev.answer.as_ref().filter(|a| a.status == 200);
             let Some(at) = answered.map(|a| a.at) else {
                 // A failed look: the next waits out the poll interval.
@@ -139,7 +146,7 @@ pub(super) fn thrifty(run: &Run<'_>, out: &mut Vec<String>) {
 /// nothing disturbed the stretch (no fault on the observer's host, its
 /// looks answered quickly).
 pub(super) fn looks_at_last_moments(run: &Run<'_>, out: &mut Vec<String>) {
-    if !run.exact_and_steady() {
+    if run.clock_rate != 1.0 {
         return;
     }
     let journal = &run.server.journal;
@@ -170,7 +177,11 @@ pub(super) fn looks_at_last_moments(run: &Run<'_>, out: &mut Vec<String>) {
             if !regular || to + LATE >= next_regular || from <= answer.at + QUICK || to >= w.to {
                 continue;
             }
+            // The server's clock jumped since the looks its estimate
+            // came from, or before those last moments.
+            let since = looks[n.saturating_sub(2)].sent.saturating_sub(w.poll);
             let disturbed = super::aim::touched(run, w.client, look.sent, to)
+                || run.jumped_within(since, to)
                 || looks[n..].iter().filter(|l| l.sent <= to).any(|l| {
                     l.answer
                         .as_ref()

@@ -9,6 +9,7 @@ use std::time::Duration;
 use crate::log::Event;
 use crate::program::ctx::Ctx;
 use crate::program::op::{one_in, poll_for};
+use volcano_mock_server::{Fault, Operation};
 
 impl Ctx {
     /// Works under a permit: half the time in a `with_permit` scope on
@@ -173,7 +174,8 @@ impl Ctx {
             Ok::<_, volcano::Error>(ended)
         });
         self.permit_wait(&name, wait, poll_for(coin));
-        let outcome = scope.wait(wait).poll_interval(poll_for(coin)).await;
+        let scope = scope.wait(wait).poll_interval(poll_for(coin)).send();
+        let (outcome, ()) = tokio::join!(scope, self.spend_quota(&name, coin));
         self.permit_wait_ended(&outcome);
         match outcome {
             Ok(ended) => ended.await,
@@ -222,7 +224,7 @@ impl Ctx {
             tokio::time::sleep(freed_after).await;
             self.release_by_hand(lease).await;
         };
-        let (acquired, ()) = tokio::join!(waiting, freeing);
+        let (acquired, (), ()) = tokio::join!(waiting, freeing, self.spend_quota(&name, coin));
         self.permit_wait_ended(&acquired);
         match acquired {
             Ok(held) => {
@@ -237,6 +239,30 @@ impl Ctx {
         for lease in by_hand {
             self.release_by_hand(lease).await;
         }
+    }
+
+    /// Half the time, while a wait for a permit of `name` pauses: a 429
+    /// (a window of 1 s) to one of its tries, then one to a look of this
+    /// client at another key, which spends the client's quota: the wait
+    /// must pause past each window (`check/permit_pace.rs`).
+    async fn spend_quota(&self, name: &str, coin: u64) {
+        if !one_in(coin >> 48, 2) {
+            return;
+        }
+        let (tried, looked) = (
+            format!("{name}:{}", (coin >> 49) % 2),
+            format!("{name}-quota"),
+        );
+        if let Some(mock) = crate::lock(&self.server).as_ref() {
+            for (operation, key) in [(Operation::Acquire, &tried), (Operation::Get, &looked)] {
+                mock.inject(Fault::status(429).on(operation).key(key.as_str()).times(1));
+            }
+        }
+        self.log.push(Event::Fault {
+            what: format!("quota-spent-beside 429 on Acquire of {tried} and on Get of {looked}"),
+        });
+        tokio::time::sleep(Duration::from_millis(1_000 + (coin >> 50) % 1_500)).await;
+        let _ = self.locks.get(&looked).await;
     }
 
     /// A `try_with_permit` on `{key}-sem3`, which must say "every permit
