@@ -68,18 +68,9 @@ fn waits<'a>(run: &Run<'a>) -> Vec<Wait<'a>> {
         else {
             continue;
         };
-        let Some((ended, held)) = run.events[i..].iter().find_map(|later| match &later.event {
-            Event::PermitWaitEnded { client: c, held } if c == client => {
-                Some((later.at, Some(*held)))
-            }
-            Event::StepEnded { client: c } | Event::Crashed { client: c } if c == client => {
-                Some((later.at, None))
-            }
-            _ => None,
-        }) else {
+        let Some((ended, Some(held))) = super::semaphore::wait_end(run, i, *client) else {
             continue;
         };
-        let Some(held) = held else { continue };
         let prefix = format!("{name}:");
         let mut requests: Vec<(&Attempt, &Attempt)> = Vec::new();
         for a in run.server.sent.attempts.iter().filter(|a| {

@@ -144,18 +144,9 @@ pub(super) fn waits_find_a_free_permit(run: &Run<'_>, out: &mut Vec<String>) {
         else {
             continue;
         };
-        let Some((ended, judged)) = run.events[i..].iter().find_map(|later| match &later.event {
-            Event::PermitWaitEnded { client: c, .. } if c == client => Some((later.at, true)),
-            Event::StepEnded { client: c } | Event::Crashed { client: c } if c == client => {
-                Some((later.at, false))
-            }
-            _ => None,
-        }) else {
+        let Some((ended, Some(_))) = wait_end(run, i, *client) else {
             continue;
         };
-        if !judged {
-            continue;
-        }
         // A scope's wait ends when its closure has run: it got its permit
         // when it began to believe it held one.
         let prefix = format!("{name}:");
@@ -267,4 +258,17 @@ fn free_stretches(
     }
     free.retain(|(a, b)| b > a);
     free
+}
+
+/// How the wait for a permit logged at event `i` ended: when, and (when it
+/// ended by itself, not dropped or crashed) whether it said every permit
+/// stayed taken.
+pub(super) fn wait_end(run: &Run<'_>, i: usize, client: usize) -> Option<(Duration, Option<bool>)> {
+    run.events[i..].iter().find_map(|later| match &later.event {
+        Event::PermitWaitEnded { client: c, held } if *c == client => Some((later.at, Some(*held))),
+        Event::StepEnded { client: c } | Event::Crashed { client: c } if *c == client => {
+            Some((later.at, None))
+        }
+        _ => None,
+    })
 }
