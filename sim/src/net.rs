@@ -76,6 +76,9 @@ pub(crate) struct Observed {
     pub(crate) fence: Option<i64>,
     /// Its `Retry-After`, in seconds, if it had one.
     pub(crate) retry_after: Option<Duration>,
+    /// Whether its body was a JSON object (the service's envelope, or a
+    /// lease): a 409 without one is not the service saying "held".
+    pub(crate) json: bool,
 }
 
 /// The operation and key of a lock request's path and method.
@@ -152,6 +155,10 @@ impl Network for SimNetwork {
                             .and_then(|v| v.to_str().ok())
                             .and_then(|v| v.trim().parse::<u64>().ok())
                             .map(Duration::from_secs),
+                        json: serde_json::from_slice::<serde_json::Map<String, serde_json::Value>>(
+                            &answer.body,
+                        )
+                        .is_ok(),
                     };
                     crate::lock(&senders).attempts[index].answer = Some(observed);
                 }

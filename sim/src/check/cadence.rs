@@ -236,7 +236,10 @@ pub(super) fn waiters(run: &Run<'_>, out: &mut Vec<String>) {
                     a.sent
                 ));
             }
-            if let Some(heard) = heard.filter(|h| a.sent > *h + allowed) {
+            // Not while a 429 to any request of its client asks for quiet
+            // (the wait pauses past it, plus up to a poll interval).
+            let quiet = |h: &Duration| super::aim::quiet_from(run, client, *h, a.sent);
+            if let Some(heard) = heard.filter(|h| a.sent > *h + allowed && !quiet(h)) {
                 out.push(format!(
                     "stopped trying: client {client}'s wait for {key} (poll {poll:?}) sent \
                      nothing from {heard:?} to {:?}",
@@ -255,9 +258,6 @@ pub(super) fn waiters(run: &Run<'_>, out: &mut Vec<String>) {
             }
             previous_sent = a.sent;
             if free_seen && a.operation == Operation::Acquire {
-                // Not while a 429 to any request of its client (a
-                // background release, say) asks for quiet.
-                let quiet = |h: &Duration| super::aim::quiet_from(run, client, *h, a.sent);
                 if let Some(heard) =
                     heard.filter(|h| a.sent > *h + IMMEDIATE + PAUSE_SLACK && !quiet(h))
                 {

@@ -101,11 +101,12 @@ fn waits<'a>(run: &Run<'a>) -> Vec<Wait<'a>> {
     found
 }
 
-/// When a request's last attempt was answered 409 without a `Retry-After`.
+/// When a request's last attempt was answered 409 by the service (its
+/// envelope, not a proxy's page), without a `Retry-After`.
 fn held_at(a: &Attempt) -> Option<Duration> {
     a.answer
         .as_ref()
-        .filter(|o| o.status == 409 && o.retry_after.is_none())
+        .filter(|o| o.status == 409 && o.json && o.retry_after.is_none())
         .map(|o| o.at)
 }
 
@@ -287,7 +288,10 @@ pub(super) fn permit_waits_hold_back(run: &Run<'_>, out: &mut Vec<String>) {
                 let after = o.retry_after.filter(|_| matches!(o.status, 429 | 503))?;
                 Some((o.at, o.at + after.min(max_pause)))
             });
-            if let Some((at, until)) = told.filter(|(_, until)| next.sent + SOON < *until) {
+            // (Its last round goes at its last call, told or not.)
+            let last_call = w.until.saturating_sub(LAST_CALL);
+            let early = |until: &Duration| next.sent + SOON < (*until).min(last_call);
+            if let Some((at, until)) = told.filter(|(_, until)| early(until)) {
                 out.push(say(format!(
                     "was told at {at:?} to wait until {until:?}, and tried {} at {:?}",
                     next.key, next.sent
@@ -302,10 +306,7 @@ pub(super) fn permit_waits_hold_back(run: &Run<'_>, out: &mut Vec<String>) {
             let quiet = run.server.sent.attempts.iter().find_map(|q| {
                 let o = q.answer.as_ref().filter(|o| o.status == 429)?;
                 let until = o.at + o.retry_after?.min(max_pause);
-                (k >= FIRST_ROUND
-                    && q.client == w.client
-                    && o.at <= ended
-                    && next.sent + SOON < until)
+                (k >= FIRST_ROUND && q.client == w.client && o.at <= ended && early(&until))
                     .then_some((o.at, until))
             });
             if let Some((at, until)) = quiet {
