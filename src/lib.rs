@@ -10,11 +10,11 @@
 //!
 //! | the job | the API | guide |
 //! |---|---|---|
-//! | a cron or periodic job on several hosts, once per period | [`Locks::try_with_lock`] + `min_hold` (or `volcano locks run --min-hold`) | [jobs](crate::guide::jobs) |
-//! | run a job under a lock and always release it | [`Locks::with_lock`] | [jobs](crate::guide::jobs) |
-//! | a value or struct that keeps a lock | [`Locks::hold`] ([`HeldLock`]) | [jobs](crate::guide::jobs) |
+//! | a cron or periodic job on several hosts, once per period | [`Locks::try_with_lock`] + `min_hold` (or `volcano locks run --min-hold`) | [jobs](crate::guide::jobs#schedulers-and-cron) |
+//! | run a job under a lock and always release it | [`Locks::with_lock`] | [jobs](crate::guide::jobs#scoped-locks-with_lock) |
+//! | a value or struct that keeps a lock | [`Locks::hold`] ([`HeldLock`]) | [jobs](crate::guide::jobs#holding-a-lock-for-a-long-time-hold) |
 //! | a singleton service: one replica leads | [`Locks::leader`] | [leader](crate::guide::leader) |
-//! | several keys at once | [`Locks::with_locks`], [`Locks::hold_all`] | [jobs](crate::guide::jobs) |
+//! | several keys at once | [`Locks::with_locks`], [`Locks::hold_all`] | [jobs](crate::guide::jobs#several-keys-at-once-hold_all-with_locks) |
 //! | at most N at once | [`Locks::semaphore`] | [semaphore](crate::guide::semaphore) |
 //! | watch a key for dashboards and alerts | [`Locks::observe`] | [observe](crate::guide::observe) |
 //! | any command or script, in any language | `volcano locks run` (feature `cli`) | [CLI](crate::guide::cli) |
