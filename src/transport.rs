@@ -434,7 +434,14 @@ mod tests {
                 match answer {
                     Ok((status, body)) => Ok(Reply {
                         status: StatusCode::from_u16(status).unwrap(),
-                        headers: reqwest::header::HeaderMap::new(),
+                        // A 429 names its window, as the service's does.
+                        headers: (status == 429)
+                            .then(|| {
+                                let mut headers = reqwest::header::HeaderMap::new();
+                                headers.insert(RETRY_AFTER, HeaderValue::from_static("1"));
+                                headers
+                            })
+                            .unwrap_or_default(),
                         body: Box::new(Chunks(VecDeque::from([Bytes::from_static(
                             body.as_bytes(),
                         )]))),
@@ -496,6 +503,35 @@ mod tests {
         assert_eq!(url, "http://127.0.0.1:1/locks/build%3Aqueue/lease");
         assert!(headers.contains(&("x-volcano-lock-token".to_owned(), TOKEN.to_owned())));
         assert_eq!(body, br#"{"ttl_seconds":30}"#);
+    }
+
+    /// A 429 to an acquire's retry spends the client's quota, though the
+    /// error returned is the first attempt's unknown outcome.
+    #[tokio::test]
+    async fn a_429_to_the_retry_spends_the_quota() {
+        let wire = Scripted::default();
+        wire.answers.lock().unwrap().extend([
+            Err(TransportKind::Io),
+            Ok((429, r#"{"error":"slow down","code":"lock_rate_limited"}"#)),
+        ]);
+        let op = crate::ops::Acquire {
+            key: "job",
+            token: TOKEN,
+            ttl_secs: 30,
+        };
+        let quota = crate::locks::engine::observe::Quota::default();
+        let err = transport(&wire)
+            .send(&op, REQUEST_ID, Timing::default(), &quota)
+            .await
+            .unwrap_err();
+        assert!(
+            err.may_have_been_applied(),
+            "the first attempt's outcome: {err:?}"
+        );
+        assert!(
+            quota.quiet_until().is_some(),
+            "the retry's 429 was not counted"
+        );
     }
 
     #[tokio::test]
