@@ -435,13 +435,13 @@ mod tests {
                     Ok((status, body)) => Ok(Reply {
                         status: StatusCode::from_u16(status).unwrap(),
                         // A 429 names its window, as the service's does.
-                        headers: (status == 429)
-                            .then(|| {
-                                let mut headers = reqwest::header::HeaderMap::new();
+                        headers: {
+                            let mut headers = reqwest::header::HeaderMap::new();
+                            if status == 429 {
                                 headers.insert(RETRY_AFTER, HeaderValue::from_static("1"));
-                                headers
-                            })
-                            .unwrap_or_default(),
+                            }
+                            headers
+                        },
                         body: Box::new(Chunks(VecDeque::from([Bytes::from_static(
                             body.as_bytes(),
                         )]))),
