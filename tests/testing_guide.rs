@@ -57,7 +57,9 @@ async fn a_503_on_a_renewal_does_not_stop_the_job() {
 /// The recipe "Watching who holds a key": a key released and taken again
 /// between two looks reads as one `TakenOver` (a free key at the first
 /// look would read `Acquired`), and the holder's expiry, moved past on the
-/// service's clock, as `Expired`.
+/// service's clock, as `Expired` (the lease seen in its grace: a look in
+/// its last second may read a `Date` that leaves more than a second, and
+/// the end then reads `Ended`; that made this test fail one run in five).
 #[tokio::test]
 async fn watching_who_holds_a_key() -> Result<(), volcano::Error> {
     use volcano::ChangeKind;
@@ -71,9 +73,8 @@ async fn watching_who_holds_a_key() -> Result<(), volcano::Error> {
     assert_eq!(changes.next().await.unwrap()?.kind(), ChangeKind::Initial);
     locks.release(&first).await?;
     let _again = locks.acquire("nightly-report", ttl).await?;
+    server.advance(ttl);
     assert_eq!(changes.next().await.unwrap()?.kind(), ChangeKind::TakenOver);
-    server.advance(ttl - Duration::from_millis(500));
-    let _ = tokio::time::timeout(Duration::from_millis(300), changes.next()).await;
     server.advance(Duration::from_secs(3));
     assert_eq!(changes.next().await.unwrap()?.kind(), ChangeKind::Expired);
     Ok(())
