@@ -9,6 +9,10 @@
 //! service's 1 s grace after it), then one at the moment it frees. So an
 //! expiry is told from a release without polling faster, and a holder
 //! that stopped renewing is seen gone about a second after its lease.
+//! The look in that window is aimed where the answers so far make sure it
+//! lands; when they cannot (after a jump of the server's clock they know
+//! it to a second only), surely before the window ends, and a look that
+//! came too early gets one more, aimed with what its answer told.
 //! A failed look is returned to the caller; after a transient one (a 429,
 //! a 5xx, no answer) the next waits out the poll interval or the
 //! `Retry-After` it named (up to a minute), plus up to one poll interval
@@ -114,6 +118,10 @@ pub(crate) struct Observer {
     /// so that a holder with a TTL shorter than the poll interval costs at
     /// most one look more per interval.
     special_spent: bool,
+    /// Since the last regular look, a look at a lease's last moments came
+    /// too early (the server's clock known to a second only) and got
+    /// another: a second such look spends as a renewal does.
+    retried_early: bool,
     /// When the last answer came.
     last_received: Option<Instant>,
 }
@@ -133,6 +141,7 @@ impl Observer {
             special_next: false,
             in_flight: None,
             special_spent: false,
+            retried_early: false,
             last_received: None,
         }
     }
@@ -266,18 +275,26 @@ impl Observer {
             Some((_, Some(lease))) => Before::Held(lease),
         };
         let kind = change(before, now.as_ref(), date);
-        // A look at a lease's last moments that found it renewed spends
-        // the next such look until a regular one; one that found another
-        // lease (a takeover) or none spends nothing: that lease's last
-        // moments are news.
-        self.special_spent = special && matches!(kind, None | Some(ChangeKind::Renewed));
         if kind.is_none() {
             // The same lease again: keep its newest sighting.
             if let (Some(now), Some((_, Some(old)))) = (&mut now, &self.last) {
                 now.latest = now.latest.max(old.latest);
             }
         }
-        let (next_at, special) = self.schedule(now.as_ref(), received);
+        // A look at a lease's last moments that found it renewed spends
+        // the next such look until a regular one; one that found another
+        // lease (a takeover) or none spends nothing: that lease's last
+        // moments are news. One that found the same lease before them
+        // (aimed with the server's clock known to a second only) gets
+        // one more, aimed with what its answer told.
+        let early = special
+            && kind.is_none()
+            && !self.retried_early
+            && now.as_ref().is_some_and(|lease| !lease.seen_final());
+        self.retried_early = special && (self.retried_early || early);
+        self.special_spent = special && matches!(kind, None | Some(ChangeKind::Renewed)) && !early;
+        let rtt = received.saturating_duration_since(sent);
+        let (next_at, special) = self.schedule(now.as_ref(), received, rtt);
         self.next_at = Some(next_at);
         self.special_next = special;
         let previous = self.last.replace((state.clone(), now));
@@ -298,18 +315,20 @@ impl Observer {
     /// longer be renewed always gets its look as it frees; one not seen so
     /// gets a look at its last moments only if no such look has found a
     /// renewal since the last regular look.
-    fn schedule(&self, lease: Option<&Lease>, received: Instant) -> (Instant, bool) {
+    fn schedule(&self, lease: Option<&Lease>, received: Instant, rtt: Duration) -> (Instant, bool) {
         let regular = received + self.poll().mul_f64(1.0 - 0.1 * crate::random::unit());
         let special = lease.and_then(|lease| {
-            let at = if lease.seen_final() {
+            if lease.seen_final() {
                 let spread = LOOK_SPREAD.mul_f64(crate::random::unit());
-                lease.expires_at + TimeDelta::from_std(AFTER_GRACE + spread).ok()?
+                let at = lease.expires_at + TimeDelta::from_std(AFTER_GRACE + spread).ok()?;
+                self.clock.local(at)
             } else if !self.special_spent {
-                lease.final_look()
+                let (from, to) = lease.final_stretch();
+                let rtt = TimeDelta::from_std(rtt).unwrap_or(TimeDelta::MAX);
+                self.clock.local_within(from, to, rtt)
             } else {
-                return None;
-            };
-            self.clock.local(at)
+                None
+            }
         });
         match special {
             Some(special) if special > received && special < regular => {
@@ -420,21 +439,87 @@ mod tests {
     }
 
     #[test]
-    fn the_final_look_lands_where_a_lapsed_lease_shows_final() {
+    fn the_final_stretch_is_where_a_lapsed_lease_shows_final() {
         // From the whole second before the expiry (a Date that reads it
         // shows a second or less left) to the end of the grace.
-        assert_eq!(lease(1, 30_300, 0).final_look(), t(30_650));
-        assert_eq!(lease(1, 30_000, 0).final_look(), t(30_000));
-        assert_eq!(lease(1, 30_900, 0).final_look(), t(30_950));
+        assert_eq!(lease(1, 30_300, 0).final_stretch(), (t(30_000), t(31_300)));
+        assert_eq!(lease(1, 30_000, 0).final_stretch(), (t(29_000), t(31_000)));
         for expires in [30_000, 30_001, 30_300, 30_999] {
-            let look = lease(1, expires, 0).final_look();
-            let date = DateTime::from_timestamp(look.timestamp(), 0).unwrap();
-            assert!(
-                lease(1, expires, date.timestamp_millis()).seen_final(),
-                "{expires}"
-            );
-            assert!(look < t(expires) + SECOND, "{expires}");
+            let (from, to) = lease(1, expires, 0).final_stretch();
+            // A look answered anywhere in it reads a Date that shows the
+            // lease final; more than a second long.
+            for at in [from, to - TimeDelta::milliseconds(1)] {
+                let date = DateTime::from_timestamp(at.timestamp(), 0).unwrap();
+                assert!(
+                    lease(1, expires, date.timestamp_millis()).seen_final(),
+                    "{expires}"
+                );
+            }
+            // A Date of the second before it leaves more than a second.
+            let before = DateTime::from_timestamp((from - SECOND).timestamp(), 0).unwrap();
+            assert!(!lease(1, expires, before.timestamp_millis()).seen_final());
+            assert!(to - from > SECOND, "{expires}");
         }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_look_at_the_last_moments_is_aimed_where_the_bounds_make_it_land() {
+        let base = Instant::now();
+        let at = |ms: i64| base + MS(ms as u64);
+        // Narrow bounds (200 ms): the middle of where the look surely
+        // lands in [13 s, 14.3 s), a 40 ms round trip allowed.
+        let narrow = ServerClock {
+            base,
+            bounds: Some((t(10_000), t(10_200))),
+        };
+        let rtt = TimeDelta::milliseconds(40);
+        let look = narrow.local_within(t(13_000), t(14_300), rtt).unwrap();
+        assert_eq!(look, at(3_530));
+        // Its answer comes while the server's clock reads between 13.53 s
+        // and 13.77 s: inside.
+        // Bounds a whole second wide (after a jump of the server's clock),
+        // against a stretch of 1.01 s (an expiry 10 ms past a whole
+        // second): no instant is sure, so the latest surely before its end,
+        // answered between 13.97 s and 15.01 s; a look found too early gets
+        // one more (below).
+        let wide = ServerClock {
+            base,
+            bounds: Some((t(10_000), t(11_000))),
+        };
+        let look = wide.local_within(t(14_000), t(15_010), rtt).unwrap();
+        assert_eq!(look, at(3_970));
+        // Aimed at the middle of the stretch by the middle of the bounds,
+        // it could be answered at 15.045 s, after the grace.
+        assert_eq!(wide.local(t(14_505)), Some(at(4_005)));
+        assert_eq!(wide.local_within(t(9_000), t(9_500), rtt), Some(base));
+    }
+
+    /// A look at the last moments that found the lease before them gets
+    /// one more, once; a second early one spends as a renewal does.
+    #[tokio::test(start_paused = true)]
+    async fn a_look_too_early_at_the_last_moments_gets_one_more() {
+        let base = Instant::now();
+        let mut observer = observer_at(base);
+        let held = LockState::new(true, Some(t(14_300)), Some(1));
+        let look = |observer: &mut Observer, date_ms: i64, special: bool| {
+            let now = Instant::now();
+            observer.saw(held.clone(), Some(t(date_ms)), now, now, special);
+            (observer.special_next, observer.special_spent)
+        };
+        // A regular look: the next is one at the lease's last moments.
+        assert_eq!(look(&mut observer, 10_000, false), (true, false));
+        // That one answered with more than a second left by its Date: too
+        // early; another.
+        tokio::time::advance(MS(3_000)).await;
+        assert_eq!(look(&mut observer, 13_000, true), (true, false));
+        // Too early again: spent until a regular look.
+        tokio::time::advance(MS(100)).await;
+        assert_eq!(look(&mut observer, 13_000, true), (false, true));
+        // A regular look, then a look in the last second: seen final, so
+        // the next is the one as it frees.
+        assert_eq!(look(&mut observer, 13_000, false), (true, false));
+        tokio::time::advance(MS(900)).await;
+        assert_eq!(look(&mut observer, 14_000, true), (true, true));
     }
 
     #[tokio::test(start_paused = true)]
@@ -480,43 +565,47 @@ mod tests {
         for _ in 0..20 {
             let observer = observer_at(base);
             // Free: at the poll interval, jittered down by up to a tenth.
-            regular(observer.schedule(None, base), base, S(10));
+            regular(observer.schedule(None, base, Duration::ZERO), base, S(10));
             // Held, not seen final (3.3 s left): a look in the middle of its
             // last moments, 13 s to 14.3 s on the server's clock: 13.65 s,
             // which this machine reaches 3.15 s after `base`.
             let held = lease(1, 13_300, 10_000);
             assert_eq!(
-                observer.schedule(Some(&held), base),
+                observer.schedule(Some(&held), base, Duration::ZERO),
                 (base + MS(3_150), true)
             );
             // Never sooner than the least interval after the answer.
             let late = base + MS(3_100);
             assert_eq!(
-                observer.schedule(Some(&held), late),
+                observer.schedule(Some(&held), late, Duration::ZERO),
                 (late + POLL_MIN, true)
             );
             // Due as the answer came, or passed already, and the lease still
             // shown as before: again in a second.
             let due = base + MS(3_150);
             assert_eq!(
-                observer.schedule(Some(&held), due),
+                observer.schedule(Some(&held), due, Duration::ZERO),
                 (due + RETRY_LATE, true)
             );
             let past = base + MS(5_000);
             assert_eq!(
-                observer.schedule(Some(&held), past),
+                observer.schedule(Some(&held), past, Duration::ZERO),
                 (past + RETRY_LATE, true)
             );
             // Such a look found it renewed since the last regular one: the
             // next waits for a regular look.
             let mut spent = observer_at(base);
             spent.special_spent = true;
-            regular(spent.schedule(Some(&held), base), base, S(10));
+            regular(
+                spent.schedule(Some(&held), base, Duration::ZERO),
+                base,
+                S(10),
+            );
             // Seen final (a second left): a look as it frees, 1.1 s after its
             // expiry plus up to the spread; so also when spent.
             let last = lease(1, 11_000, 10_000);
             for observer in [&observer, &spent] {
-                let (at, special) = observer.schedule(Some(&last), base);
+                let (at, special) = observer.schedule(Some(&last), base, Duration::ZERO);
                 let after = at - base;
                 assert!(special, "{after:?}");
                 assert!(
@@ -528,9 +617,17 @@ mod tests {
             // regular.
             let mut quick = observer_at(base);
             quick.poll = S(1);
-            regular(quick.schedule(Some(&held), base), base, S(1));
+            regular(
+                quick.schedule(Some(&held), base, Duration::ZERO),
+                base,
+                S(1),
+            );
             // Past, but the regular look comes within a second anyway.
-            regular(quick.schedule(Some(&held), past), past, S(1));
+            regular(
+                quick.schedule(Some(&held), past, Duration::ZERO),
+                past,
+                S(1),
+            );
         }
     }
 

@@ -41,10 +41,11 @@ impl Lease {
         self.latest + SECOND >= self.expires_at
     }
 
-    /// The middle of the stretch in which a look shows it final if it was
-    /// not renewed: from the whole second before its expiry (`Date` is
-    /// truncated to whole seconds) until its grace ends.
-    pub(super) fn final_look(&self) -> DateTime<Utc> {
+    /// The stretch of the server's clock in which a look shows it final
+    /// if it was not renewed: from the whole second before its expiry
+    /// (`Date` is truncated to whole seconds) until its grace ends; more
+    /// than a second long.
+    pub(super) fn final_stretch(&self) -> (DateTime<Utc>, DateTime<Utc>) {
         let whole = self.expires_at.timestamp();
         let ceil = if self.expires_at.timestamp_subsec_nanos() > 0 {
             whole + 1
@@ -52,8 +53,7 @@ impl Lease {
             whole
         };
         let from = DateTime::from_timestamp(ceil, 0).unwrap_or(self.expires_at) - SECOND;
-        let to = self.expires_at + SECOND;
-        from + (to - from) / 2
+        (from, self.expires_at + SECOND)
     }
 }
 
@@ -133,7 +133,34 @@ impl ServerClock {
     pub(super) fn local(&self, at: DateTime<Utc>) -> Option<Instant> {
         let (lo, hi) = self.bounds?;
         let mid = lo + (hi - lo) / 2;
-        let after = (at - mid).to_std().unwrap_or_default();
-        self.base.checked_add(after)
+        self.at(at - mid)
+    }
+
+    /// When to send a look that the server should answer while its clock
+    /// reads within `[from, to)`, `rtt` after it is sent at the latest:
+    /// the middle of the instants for which the bounds make that sure; if
+    /// they are too wide for any (a second of `Date` against a stretch
+    /// not much longer), the latest that surely comes before `to`. Such a
+    /// look, found too early, narrows the bounds for the next.
+    pub(super) fn local_within(
+        &self,
+        from: DateTime<Utc>,
+        to: DateTime<Utc>,
+        rtt: TimeDelta,
+    ) -> Option<Instant> {
+        let (lo, hi) = self.bounds?;
+        // Sent at `base + d`, answered when the clock reads between
+        // `lo + d` and `hi + d + rtt`.
+        let (earliest, latest) = (from - lo, to - hi - rtt);
+        if earliest <= latest {
+            self.at(earliest + (latest - earliest) / 2)
+        } else {
+            self.at(latest)
+        }
+    }
+
+    /// `base` and `after` (none if negative).
+    fn at(&self, after: TimeDelta) -> Option<Instant> {
+        self.base.checked_add(after.to_std().unwrap_or_default())
     }
 }
