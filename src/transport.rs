@@ -26,8 +26,8 @@ const MAX_SUCCESS_BODY: usize = 64 * 1024;
 const MAX_ERROR_BODY: usize = 8 * 1024;
 /// When the attempts of one call may run; by default only the client's
 /// per-request timeout bounds them.
-#[derive(Debug, Clone, Copy, Default)]
-pub(crate) struct Timing {
+#[derive(Clone, Copy, Default)]
+pub(crate) struct Timing<'a> {
     /// Overrides the client's per-request timeout.
     pub(crate) timeout: Option<Duration>,
     /// No attempt is started at or after this instant (a waiting acquire's
@@ -35,6 +35,8 @@ pub(crate) struct Timing {
     pub(crate) send_by: Option<Instant>,
     /// Every attempt's timeout is cut so that its answer is due by then.
     pub(crate) answer_by: Option<Instant>,
+    /// Called as acquire's retry goes out.
+    pub(crate) on_retry: Option<&'a (dyn Fn() + Sync)>,
 }
 
 /// A decoded success and the server's `Date` header, the server-clock
@@ -118,7 +120,7 @@ impl Transport {
         &self,
         op: &O,
         request_id: &str,
-        timing: Timing,
+        timing: Timing<'_>,
         quota: &crate::locks::engine::observe::Quota,
     ) -> Result<Answer<O::Output>> {
         let mut request = self.build(op, request_id, timing.timeout)?;
@@ -169,6 +171,9 @@ impl Transport {
                     first_error = Some(err).filter(Error::may_have_applied);
                     request = self.build(op, request_id, timing.timeout)?;
                     attempt += 1;
+                    if let Some(on_retry) = timing.on_retry {
+                        on_retry();
+                    }
                 }
                 // Only a success settles what the first attempt did: any
                 // error answers the retry alone (a 409 says the key was

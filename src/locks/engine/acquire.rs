@@ -166,7 +166,7 @@ pub(crate) async fn acquire(spec: Spec) -> Result<Measured> {
     };
     let started = std::time::Instant::now();
     let result = match options.wait {
-        None => one.once(wait::Window::default(), &mut undo).await,
+        None => one.once(wait::Window::default(), &mut undo, None).await,
         Some(timeout) => {
             let poll = options.poll_interval.unwrap_or(DEFAULT_POLL);
             one.wait_for(wait::Waiter::new(timeout, poll), &mut undo)

@@ -42,10 +42,23 @@ pub(crate) async fn send<O: Operation>(
     timeout: Option<Duration>,
     window: Window,
 ) -> Result<Answer<O::Output>> {
+    send_noting_retry(locks, op, request_id, timeout, window, None).await
+}
+
+/// [`send`], calling `on_retry` as acquire's retry goes out.
+pub(crate) async fn send_noting_retry<O: Operation>(
+    locks: &Locks,
+    op: &O,
+    request_id: &str,
+    timeout: Option<Duration>,
+    window: Window,
+    on_retry: Option<&(dyn Fn() + Sync)>,
+) -> Result<Answer<O::Output>> {
     let timing = Timing {
         timeout,
         send_by: window.send_by,
         answer_by: window.answer_by,
+        on_retry,
     };
     let client = locks.client();
     // A 429 to any attempt of the client's requests tells its waiters and

@@ -114,6 +114,20 @@ impl Ticket {
         self.freed.borrow_and_update();
     }
 
+    /// How many times this client has freed the key, without marking it
+    /// seen.
+    pub(crate) fn freed_count(&self) -> u64 {
+        *self.freed.borrow()
+    }
+
+    /// An answer came to an attempt sent when this client had freed the
+    /// key `count` times: a release before that attempt is no news to it.
+    pub(crate) fn answered_after(&mut self, count: u64) {
+        if *self.freed.borrow() == count {
+            self.freed.borrow_and_update();
+        }
+    }
+
     /// Resolves the next time this client frees the key (since the last
     /// [`Ticket::trying`]).
     pub(crate) async fn freed(&mut self) {
@@ -184,6 +198,31 @@ mod tests {
         tokio::time::timeout(second, a.freed())
             .await
             .expect("a release after the try wakes it");
+    }
+
+    /// A 409 to the transport's retry: a release after the try began and
+    /// before the retry went is no news; one after the retry went is (the
+    /// retry may have been decided before it).
+    #[tokio::test(start_paused = true)]
+    async fn an_answer_to_a_retry_sees_only_releases_before_the_retry() {
+        let turns = Arc::new(Turns::default());
+        let second = std::time::Duration::from_secs(1);
+        let mut a = turns.join("k");
+        a.trying();
+        turns.freed("k");
+        let at_retry = a.freed_count();
+        a.answered_after(at_retry);
+        assert!(
+            tokio::time::timeout(second, a.freed()).await.is_err(),
+            "released before the retry went"
+        );
+        a.trying();
+        let at_retry = a.freed_count();
+        turns.freed("k");
+        a.answered_after(at_retry);
+        tokio::time::timeout(second, a.freed())
+            .await
+            .expect("released after the retry went: news");
     }
 
     #[tokio::test]

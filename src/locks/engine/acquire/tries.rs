@@ -2,6 +2,7 @@
 //! that waits for a held lock, taking turns with this client's other
 //! waiters on the key.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use super::undo::Undo;
@@ -84,7 +85,13 @@ impl Try<'_> {
                 wait::Then::Acquire => {
                     ticket.trying();
                     let window = waiter.window();
-                    match self.once(window, undo).await {
+                    // This client's count of releases of the key as the
+                    // transport's retry went, if it did.
+                    let retried = AtomicU64::new(u64::MAX);
+                    let note = || retried.store(ticket.freed_count(), Ordering::Relaxed);
+                    let result = self.once(window, undo, Some(&note)).await;
+                    let at_retry = Some(retried.load(Ordering::Relaxed)).filter(|n| *n != u64::MAX);
+                    match result {
                         Ok(measured) => {
                             // Answered: a leader's status stops saying
                             // unreachable even if its term never begins
@@ -100,12 +107,14 @@ impl Try<'_> {
                             return Ok(measured);
                         }
                         Err(err) => {
-                            if err.is_lock_held() && err.may_have_applied() {
-                                // A 409 to the transport's retry, sent
-                                // when the first attempt failed: a release
-                                // of this client's answered before then is
-                                // older than this answer, and no news.
-                                ticket.trying();
+                            if let (true, Some(count)) = (err.is_lock_held(), at_retry) {
+                                // A 409 to the transport's retry: a
+                                // release of this client's before the
+                                // retry went is older than this answer,
+                                // and no news; one after it is (the retry
+                                // may have been decided before it, its
+                                // answer slow: 16-client seed 373).
+                                ticket.answered_after(count);
                             }
                             let was = waiter.failing_since();
                             waiter.failed(&err);
@@ -206,7 +215,12 @@ impl Try<'_> {
 
     /// One acquire (with the transport's single retry on transport failure
     /// or 503), with the lease-clock reading taken before it was sent.
-    pub(super) async fn once(&self, window: wait::Window, undo: &mut Undo<'_>) -> Result<Measured> {
+    pub(super) async fn once(
+        &self,
+        window: wait::Window,
+        undo: &mut Undo<'_>,
+        on_retry: Option<&(dyn Fn() + Sync)>,
+    ) -> Result<Measured> {
         let clock = self.locks.client().lease_clock();
         let sent_at = clock.now();
         undo.sending();
@@ -215,7 +229,15 @@ impl Try<'_> {
             token: self.token,
             ttl_secs: self.ttl,
         };
-        let result = requests::send(self.locks, &op, self.request_id, self.timeout, window).await;
+        let result = requests::send_noting_retry(
+            self.locks,
+            &op,
+            self.request_id,
+            self.timeout,
+            window,
+            on_retry,
+        )
+        .await;
         if result.as_ref().is_ok_and(|answer| answer.after_uncertain) {
             // Granted by the retry; the first attempt may still land.
             undo.unknown_from_now();
