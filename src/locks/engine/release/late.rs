@@ -150,7 +150,6 @@ impl Kept {
                 let ended = confirmed(&self.locks, &self.lease, last, Some(self.superseded)).await;
                 return settled(ended, &self.lease, KEPT_WHY);
             }
-            let window_closed = now >= self.land_by;
             let renewable = now + crate::retry::renewal::SAFETY_MARGIN < self.live_until;
             if self.kept_until.saturating_duration_since(now) < crate::validate::MIN_TTL {
                 // Less left than the shortest lease: a renewal back would
@@ -173,8 +172,11 @@ impl Kept {
                 continue;
             }
             match self.renew_back().await {
-                Back::Kept if window_closed => return Settled::Freed,
-                Back::Kept => {}
+                // Sent once no late request could land any more (also
+                // when it was retried past that: 16-client seed 17): put
+                // right for good.
+                Back::Kept { sent } if sent >= self.land_by => return Settled::Freed,
+                Back::Kept { .. } => {}
                 // Another's, or lapsed: nothing of ours, unless a late
                 // acquire may still take it again.
                 Back::Gone if self.acquire_late && Instant::now() < self.land_by => {
@@ -230,7 +232,7 @@ impl Kept {
                 }
                 Ok(_) => {
                     self.live_until = sent + back;
-                    return Back::Kept;
+                    return Back::Kept { sent };
                 }
                 Err(Error::Conflict(_)) => return Back::Gone,
                 Err(err) if crate::retry::worth_another_attempt(&err) => {
@@ -287,8 +289,8 @@ impl Kept {
 
 /// How a renewal back to the minimum's end went.
 enum Back {
-    /// The expiry is the minimum's end again.
-    Kept,
+    /// The expiry is the minimum's end again, by a renewal sent then.
+    Kept { sent: Instant },
     /// The lease is another's, or lapsed.
     Gone,
     /// The token holds a lease a late acquire took after the kept one was
