@@ -258,7 +258,10 @@ impl Driver {
             // refused release leaves the lease until its ttl, and
             // `shutdown` must say so; a refused renewal loses the lock; a
             // refused acquire ends its wait, a refused look an observer's
-            // stream.
+            // stream. Half the refused releases aim at a key a program
+            // holds, so that its own release is the one refused (the
+            // next release of any key is most often an undo's or a
+            // background one).
             5 => {
                 let mut status = if self.rng.random_bool(0.5) { 401 } else { 403 };
                 let (refused, what) = match self.rng.random_range(0..4) {
@@ -271,7 +274,14 @@ impl Driver {
                     }
                 };
                 op = refused;
-                (Fault::status(status), format!("{what} {status}"))
+                let held = self.held_keys();
+                if refused == Operation::Release && !held.is_empty() && self.rng.random_bool(0.5) {
+                    let key = held[self.rng.random_range(0..held.len())].clone();
+                    let what = format!("{what} {status} of {key}");
+                    (Fault::status(status).key(key), what)
+                } else {
+                    (Fault::status(status), format!("{what} {status}"))
+                }
             }
             0 => (Fault::status(503), "503".to_owned()),
             1 => (Fault::status(429), "429".to_owned()),

@@ -141,7 +141,7 @@ pub(super) fn paced(run: &Run<'_>, out: &mut Vec<String>) {
                 // A try cut short by the deadline, or after its client
                 // freed the key (since the request before), may go sooner.
                 let excused = r.sent + Duration::from_millis(20) >= end
-                    || super::cadence::freed_between(run, client, key, previous_sent, r.sent);
+                    || run.freed_between(client, key, previous_sent, r.sent);
                 if held && r.operation == Operation::Acquire && early && !excused {
                     out.push(format!(
                         "early on the ramp: client {client}'s wait for {key} (poll {poll:?}) \
@@ -155,6 +155,12 @@ pub(super) fn paced(run: &Run<'_>, out: &mut Vec<String>) {
             previous_sent = r.sent;
             let status = r.answer.as_ref().map(|o| o.status);
             throttled |= status == Some(429);
+            // Its pause after any answer (a 5xx too) or failure that came
+            // while a 429 to its client asked for quiet waited for that
+            // window, and stopped the ramp (16-client seed 568).
+            if let Some(t) = r.answer.as_ref().map(|o| o.at).or(r.failed) {
+                throttled |= quiet.iter().any(|(seen, until)| *seen <= t && t < *until);
+            }
             if status == Some(201) {
                 break;
             }

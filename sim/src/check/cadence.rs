@@ -166,25 +166,6 @@ pub(super) fn acquire_waits<'a>(run: &Run<'a>) -> Vec<AcquireWait<'a>> {
     out
 }
 
-/// Whether `client` freed `key` (a release or a force-release answered
-/// 204) between `from` and `to`: a waiter may then try at once.
-pub(super) fn freed_between(
-    run: &Run<'_>,
-    client: usize,
-    key: &str,
-    from: Duration,
-    to: Duration,
-) -> bool {
-    run.server.sent.attempts.iter().any(|r| {
-        r.client == client
-            && r.key == key
-            && matches!(r.operation, Operation::Release | Operation::ForceRelease)
-            && r.answer
-                .as_ref()
-                .is_some_and(|o| o.status == 204 && o.at >= from && o.at <= to)
-    })
-}
-
 /// How much later than its pause allows a waiter's next request may go
 /// out: a tick or two of the simulation, and the answer's processing.
 pub(super) const PAUSE_SLACK: Duration = Duration::from_millis(150);
@@ -217,7 +198,7 @@ pub(super) fn waiters(run: &Run<'_>, out: &mut Vec<String>) {
         // that was a look that found the key held.
         let mut heard = Some(from);
         let mut held_seen = false;
-        let freed_between = |a: Duration, b: Duration| freed_between(run, client, key, a, b);
+        let freed_between = |a: Duration, b: Duration| run.freed_between(client, key, a, b);
         let mut previous_sent = from;
         // A refusal for good (400, 401, 403, 404) ends the wait.
         let mut refused: Option<(u16, Duration)> = None;
@@ -299,7 +280,9 @@ pub(super) fn waiters(run: &Run<'_>, out: &mut Vec<String>) {
                 heard = None;
             }
         }
-        if let Some(heard) = heard.filter(|h| end > *h + allowed) {
+        // (Quiet to its end, too: 16-client seed 96.)
+        let quiet = |h: &Duration| super::aim::quiet_from(run, client, *h, end);
+        if let Some(heard) = heard.filter(|h| end > *h + allowed && !quiet(h)) {
             out.push(format!(
                 "stopped trying: client {client}'s wait for {key} (poll {poll:?}) sent nothing \
                  from {heard:?} to its end at {end:?}"

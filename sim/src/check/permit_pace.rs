@@ -165,7 +165,10 @@ pub(super) fn permit_waits_paced(run: &Run<'_>, out: &mut Vec<String>) {
             let step = step(t.saturating_sub(w.began), w.poll);
             let due = (t + step).min(last_call);
             let soonest = (t + step.mul_f64(0.9)).min(last_call).saturating_sub(SOON);
-            let woken = freed_by_itself(run, w.client, w.name, t, next.sent).is_some();
+            // Freed by its own client since the round's try went (also
+            // while it was in flight: 16-client seed 11), the permit is
+            // tried at once.
+            let woken = freed_by_itself(run, w.client, w.name, before.sent, next.sent).is_some();
             if (next.sent < soonest && !woken) || next.sent > due + LATE {
                 out.push(format!(
                     "permit wait off its ramp: client {}'s wait for {} (poll {:?}, from {:?}) had \

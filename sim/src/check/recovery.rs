@@ -191,7 +191,8 @@ fn longest_round_trip(
 /// Not judged when anything else could delay it: a request of the
 /// waiter's that got no answer or a 429 or 5xx (faults reach it only
 /// through its requests, and slow ones lengthen the round trips allowed),
-/// a force release, a server clock jump.
+/// a 429 to any request of its client asking for quiet then, a force
+/// release, a server clock jump.
 pub(super) fn after_release(run: &Run<'_>, out: &mut Vec<String>) {
     let (events, server) = (run.events, run.server);
     for released in events
@@ -268,7 +269,13 @@ pub(super) fn after_release(run: &Run<'_>, out: &mut Vec<String>) {
             });
             // Faults reach the waiter through its requests, judged above
             // by their answers; a crash of the waiter ended its step.
-            if !waiting || run.breaks.any(key, began, by) {
+            // Nor while a 429 to any request of its client asked for
+            // quiet (one answered just before the wait began: 16-client
+            // seed 306).
+            if !waiting
+                || run.breaks.any(key, began, by)
+                || super::aim::quiet_from(run, *client, began, by)
+            {
                 continue;
             }
             // Taken: granted to anyone (a set holding some of its keys

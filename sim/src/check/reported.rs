@@ -7,7 +7,8 @@ use crate::log::Event;
 
 /// `release_reporting` says "kept" whenever the service kept it: a
 /// minimum asked for and reported not kept had no keeping renewal answered
-/// 200 (sent by its client, with its token, once its job had ended).
+/// 200 (sent by its client, with its token, once its job had ended),
+/// unless its host's lease clock jumped meanwhile (a suspend).
 pub(super) fn reported_as_kept(run: &Run<'_>, out: &mut Vec<String>) {
     for e in run.events.iter() {
         let Event::MinimumReported {
@@ -30,6 +31,11 @@ pub(super) fn reported_as_kept(run: &Run<'_>, out: &mut Vec<String>) {
         }) else {
             continue;
         };
+        // Its host's lease clock jumped (a suspend) before the answer was
+        // read: by that clock the lease had run out (16-client seed 691).
+        if run.lease_clock_moved(*client, asked.at, e.at) {
+            continue;
+        }
         if let Some(a) = run.server.sent.attempts.iter().find(|a| {
             a.operation == Operation::Renew
                 && a.client == *client

@@ -78,6 +78,43 @@ impl<'a> Run<'a> {
         }
     }
 
+    /// Whether `client` freed `key` (a release or a force-release answered
+    /// 204) between `from` and `to`: a waiter may then try at once.
+    pub(super) fn freed_between(
+        &self,
+        client: usize,
+        key: &str,
+        from: Duration,
+        to: Duration,
+    ) -> bool {
+        self.server.sent.attempts.iter().any(|r| {
+            r.client == client
+                && r.key == key
+                && matches!(r.operation, Operation::Release | Operation::ForceRelease)
+                && r.answer
+                    .as_ref()
+                    .is_some_and(|o| o.status == 204 && o.at >= from && o.at <= to)
+        })
+    }
+
+    /// Whether a request of `client` sent from `from` to `to` was answered
+    /// later than `within` after it went, or not at all: its link was slow
+    /// (a latency lasts) or broken.
+    pub(super) fn slow_link(
+        &self,
+        client: usize,
+        from: Duration,
+        to: Duration,
+        within: Duration,
+    ) -> bool {
+        self.server.sent.attempts.iter().any(|a| {
+            a.client == client
+                && a.sent >= from
+                && a.sent <= to
+                && a.answer.as_ref().is_none_or(|o| o.at > a.sent + within)
+        })
+    }
+
     /// Whether `client`'s lease clock was moved on in `[from, to]`: its
     /// host suspended, or a leader's term on it stalled.
     pub(super) fn lease_clock_moved(&self, client: usize, from: Duration, to: Duration) -> bool {
