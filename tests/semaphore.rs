@@ -541,3 +541,45 @@ async fn a_wait_ends_by_its_deadline_when_the_service_does_not_answer() {
     server.clear_faults();
     client.shutdown(Duration::from_secs(40)).await;
 }
+
+/// Options a permit's hold would refuse are refused before the line: a
+/// `max_hold` under a second does not wait behind another waiter of the
+/// client to be refused, and one of exactly a second is taken.
+#[tokio::test]
+async fn a_bad_max_hold_is_refused_without_waiting_in_line() {
+    let server = MockServer::start().await;
+    let client = mock_client(&server);
+    let semaphore = client.locks().semaphore("pool", 1);
+    let held = semaphore.acquire(TTL).await.unwrap();
+    let waiter = tokio::spawn({
+        let semaphore = semaphore.clone();
+        async move { semaphore.acquire(TTL).wait(Duration::from_secs(30)).await }
+    });
+    assert!(
+        common::eventually(Duration::from_secs(5), || {
+            server.requests().iter().any(|r| r.status == Some(409))
+        })
+        .await
+    );
+    let refused = tokio::time::timeout(
+        Duration::from_secs(3),
+        semaphore
+            .acquire(TTL)
+            .max_hold(Duration::from_millis(500))
+            .wait(Duration::from_secs(30)),
+    )
+    .await
+    .expect("refused at once, not behind the waiter");
+    assert!(
+        matches!(refused, Err(Error::InvalidArgument(_))),
+        "{refused:?}"
+    );
+    held.release().await.unwrap();
+    waiter.await.unwrap().unwrap().release().await.unwrap();
+    let exact = semaphore
+        .acquire(TTL)
+        .max_hold(Duration::from_secs(1))
+        .await
+        .expect("a max_hold of one second is allowed");
+    exact.release().await.unwrap();
+}

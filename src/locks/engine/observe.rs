@@ -631,6 +631,40 @@ mod tests {
         }
     }
 
+    /// A look at a lease's last moments that goes when a regular one would
+    /// anyway (nine tenths of the poll interval after the last answer)
+    /// counts as regular; neither moves the next regular look, which only a
+    /// regular look sets.
+    #[tokio::test(start_paused = true)]
+    async fn a_look_at_the_last_moments_on_cadence_counts_as_regular() {
+        let client = crate::Client::builder()
+            .service_key("k")
+            .api_url("http://127.0.0.1:1")
+            .build()
+            .unwrap();
+        let locks = client.locks();
+        let mut observer = Observer::new("k".to_owned());
+        observer.poll = S(10);
+        let base = Instant::now();
+        observer.last_received = Some(base);
+        observer.next_at = Some(base + S(10));
+        observer.special_next = true;
+        tokio::time::advance(S(5)).await;
+        assert!(observer.send(&locks).special, "off the cadence");
+        assert_eq!(observer.next_at, Some(base + S(10)));
+        tokio::time::advance(S(4)).await;
+        assert!(!observer.send(&locks).special, "on the cadence");
+        assert_eq!(observer.next_at, Some(base + S(10)));
+        // A regular look, off the cadence: the next is a poll interval on.
+        observer.special_next = false;
+        observer.last_received = Some(base + S(8));
+        assert!(!observer.send(&locks).special);
+        assert_eq!(observer.next_at, Some(base + S(19)));
+        assert!(!observer.is_ended());
+        observer.ended = true;
+        assert!(observer.is_ended());
+    }
+
     #[test]
     fn a_failed_look_pauses_for_the_poll_interval_or_the_named_window_plus_a_spread() {
         let mut observer = Observer::new("k".to_owned());
