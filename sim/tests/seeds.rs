@@ -32,14 +32,17 @@ fn seeds_run_without_violations() {
 
 /// Sixteen client hosts on two keys and one project quota (600 lock
 /// operations a minute): a fleet's waiters, renewals and observers share
-/// it, and every check still holds.
+/// it, and every check still holds. Fifty seeds (about 20 s): sweeps of
+/// 700 found fifteen failing seeds before the fixes of 2026-12-06 (four
+/// SDK defects, the rest checks too strict for a fleet), the first at
+/// seed 11.
 #[test]
 fn a_fleet_of_sixteen_on_one_quota_runs_clean() {
     let options = Options {
         clients: 16,
         ..Options::default()
     };
-    for seed in 0..20 {
+    for seed in 0..50 {
         let outcome = run(seed, &options);
         assert!(
             outcome.violations.is_empty(),
