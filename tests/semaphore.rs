@@ -478,6 +478,29 @@ async fn semaphore_figures() {
     }
 }
 
+/// The only permit of `semaphore` held, and a waiter for it in line (its
+/// first try refused).
+async fn waiter_in_line(
+    server: &MockServer,
+    semaphore: &volcano::Semaphore,
+) -> (
+    volcano::HeldLock,
+    tokio::task::JoinHandle<Result<volcano::HeldLock, Error>>,
+) {
+    let held = semaphore.acquire(TTL).await.unwrap();
+    let waiter = tokio::spawn({
+        let semaphore = semaphore.clone();
+        async move { semaphore.acquire(TTL).wait(Duration::from_secs(30)).await }
+    });
+    assert!(
+        common::eventually(Duration::from_secs(5), || {
+            server.requests().iter().any(|r| r.status == Some(409))
+        })
+        .await
+    );
+    (held, waiter)
+}
+
 /// A try that does not wait never queues behind a waiter of its own
 /// client: with every permit held and a waiter in line, it answers at
 /// once (`None`), and a holder trying again inside its own permit's scope
@@ -487,23 +510,7 @@ async fn a_try_does_not_queue_behind_a_waiter_of_its_client() {
     let server = MockServer::start().await;
     let client = mock_client(&server);
     let semaphore = client.locks().semaphore("pool", 1);
-    let held = semaphore.acquire(TTL).await.unwrap();
-    let waiter = tokio::spawn({
-        let semaphore = semaphore.clone();
-        async move { semaphore.acquire(TTL).wait(Duration::from_secs(30)).await }
-    });
-    // The waiter is in line once its first try was refused.
-    assert!(
-        common::eventually(Duration::from_secs(5), || {
-            server
-                .requests()
-                .iter()
-                .filter(|r| r.status == Some(409))
-                .count()
-                >= 1
-        })
-        .await
-    );
+    let (held, waiter) = waiter_in_line(&server, &semaphore).await;
     let tried = tokio::time::timeout(
         Duration::from_secs(3),
         semaphore
@@ -550,17 +557,7 @@ async fn a_bad_max_hold_is_refused_without_waiting_in_line() {
     let server = MockServer::start().await;
     let client = mock_client(&server);
     let semaphore = client.locks().semaphore("pool", 1);
-    let held = semaphore.acquire(TTL).await.unwrap();
-    let waiter = tokio::spawn({
-        let semaphore = semaphore.clone();
-        async move { semaphore.acquire(TTL).wait(Duration::from_secs(30)).await }
-    });
-    assert!(
-        common::eventually(Duration::from_secs(5), || {
-            server.requests().iter().any(|r| r.status == Some(409))
-        })
-        .await
-    );
+    let (held, waiter) = waiter_in_line(&server, &semaphore).await;
     let refused = tokio::time::timeout(
         Duration::from_secs(3),
         semaphore
