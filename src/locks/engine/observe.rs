@@ -116,7 +116,7 @@ pub(crate) struct Observer {
     /// Since the last regular look, a look at a lease's last moments came
     /// and found it renewed: the next such look waits for a regular one,
     /// so that a holder with a TTL shorter than the poll interval costs at
-    /// most one look more per interval.
+    /// most one look more per interval (two when the first came too early).
     special_spent: bool,
     /// Since the last regular look, a look at a lease's last moments came
     /// too early (the server's clock known to a second only) and got
@@ -291,7 +291,9 @@ impl Observer {
             && kind.is_none()
             && !self.retried_early
             && now.as_ref().is_some_and(|lease| !lease.seen_final());
-        self.retried_early = special && (self.retried_early || early);
+        // (A new lease's last moments get their own.)
+        let new_lease = matches!(kind, Some(ChangeKind::TakenOver | ChangeKind::Acquired));
+        self.retried_early = special && !new_lease && (self.retried_early || early);
         self.special_spent = special && matches!(kind, None | Some(ChangeKind::Renewed)) && !early;
         let rtt = received.saturating_duration_since(sent);
         let (next_at, special) = self.schedule(now.as_ref(), received, rtt);

@@ -139,7 +139,13 @@ async fn taking(
     deadline: Option<Instant>,
 ) -> Result<HeldLock> {
     let client = spec.locks.client();
-    let poll = spec.options.poll_interval.unwrap_or(DEFAULT_POLL);
+    // At most a day: `Duration::MAX` ("do not poll") must not overflow
+    // the instants a pause is made of.
+    let poll = spec
+        .options
+        .poll_interval
+        .unwrap_or(DEFAULT_POLL)
+        .min(crate::retry::wait::MAX_POLL);
     // Behind others of this client, until first in line; a try that does
     // not wait, or a wait just before its deadline, makes a round of its
     // own instead of queueing.
@@ -209,10 +215,11 @@ async fn taking(
             };
             tokio::select! {
                 () = tokio::time::sleep_until(next.min(last_call)) => {}
-                () = freed_here => break,
+                () = freed_here => {}
             }
             // A 429 to another request of this client meanwhile (told as
-            // this round ended: 16-client seed 547): not before its window.
+            // this round ended: 16-client seed 547; or before a permit
+            // freed here ended the pause): not before its window.
             match client.quota().quiet_until() {
                 Some(quiet) if quiet > Instant::now() && Instant::now() < last_call => {
                     next = quiet + poll.mul_f64(crate::random::unit());

@@ -123,13 +123,15 @@ impl Ticket {
     /// An answer came to an attempt sent when this client had freed the
     /// key `count` times: a release before that attempt is no news to it.
     pub(crate) fn answered_after(&mut self, count: u64) {
-        if *self.freed.borrow() == count {
-            self.freed.borrow_and_update();
+        // Marked seen and read in one step: a release counted between a
+        // read and the marking would be lost.
+        if *self.freed.borrow_and_update() != count {
+            self.freed.mark_changed();
         }
     }
 
     /// Resolves the next time this client frees the key (since the last
-    /// [`Ticket::trying`]).
+    /// [`Ticket::trying`], or what [`Ticket::answered_after`] left news).
     pub(crate) async fn freed(&mut self) {
         if self.freed.changed().await.is_err() {
             std::future::pending::<()>().await;

@@ -20,10 +20,10 @@ use crate::locks::Locks;
 /// sooner (at most one such look per interval while the holder keeps
 /// renewing, so a holder whose TTL is shorter than the interval costs at
 /// most twice as much; one such look that came too early, the service's
-/// clock known here to a second only, gets one more), and once as a
-/// lease that could no longer be renewed frees: an expiry is told from a
-/// release, and a holder that stopped renewing is seen gone about a
-/// second after its lease ended.
+/// clock known here to a second only, gets one more, three times at most),
+/// and once as a lease that could no longer be renewed frees: an expiry is
+/// told from a release, and a holder that stopped renewing is seen gone
+/// about a second after its lease ended.
 /// After a 429 with a `Retry-After`, every observer of the client waits
 /// out that window (each with its own spread of up to a poll interval).
 ///

@@ -140,8 +140,10 @@ impl ServerClock {
     /// reads within `[from, to)`, `rtt` after it is sent at the latest:
     /// the middle of the instants for which the bounds make that sure; if
     /// they are too wide for any (a second of `Date` against a stretch
-    /// not much longer), the latest that surely comes before `to`. Such a
-    /// look, found too early, narrows the bounds for the next.
+    /// not much longer), the latest that comes before `to` by the bounds.
+    /// Such a look, found too early, narrows the bounds for the next. (The
+    /// observer sends no look sooner than its least interval after an
+    /// answer, which can move it later.)
     pub(super) fn local_within(
         &self,
         from: DateTime<Utc>,
@@ -159,7 +161,8 @@ impl ServerClock {
         }
     }
 
-    /// `base` and `after` (none if negative).
+    /// `base` and `after` (`base` itself if negative: due now; none past
+    /// what an instant can hold).
     fn at(&self, after: TimeDelta) -> Option<Instant> {
         self.base.checked_add(after.to_std().unwrap_or_default())
     }

@@ -70,7 +70,8 @@ const BACK_TIMEOUT: Duration = Duration::from_secs(3);
 ///   the window has closed: a late request that shortened it is undone
 ///   before the lease lapses, one that stretched it is cut back. With less
 ///   than the shortest lease (5 s) left, no renewal back (it would reach
-///   past the end): released at the minimum's end instead.
+///   past the end; a retry of one that does is not the last word):
+///   released at the minimum's end instead.
 /// - At the minimum's end with the window still open, released (a renewal
 ///   landing later finds no lease; a late acquire is released again once
 ///   none can land).
@@ -173,9 +174,16 @@ impl Kept {
             }
             match self.renew_back().await {
                 // Sent once no late request could land any more (also
-                // when it was retried past that: 16-client seed 17): put
-                // right for good.
-                Back::Kept { sent } if sent >= self.land_by => return Settled::Freed,
+                // when it was retried past that: 16-client seed 17), and
+                // not past the minimum's end (a retry with less than the
+                // shortest lease left reaches past it; then the release at
+                // the end): put right for good.
+                Back::Kept { sent, back }
+                    if sent >= self.land_by
+                        && sent + back <= self.kept_until + Duration::from_secs(1) =>
+                {
+                    return Settled::Freed
+                }
                 Back::Kept { .. } => {}
                 // Another's, or lapsed: nothing of ours, unless a late
                 // acquire may still take it again.
@@ -232,7 +240,7 @@ impl Kept {
                 }
                 Ok(_) => {
                     self.live_until = sent + back;
-                    return Back::Kept { sent };
+                    return Back::Kept { sent, back };
                 }
                 Err(Error::Conflict(_)) => return Back::Gone,
                 Err(err) if crate::retry::worth_another_attempt(&err) => {
@@ -289,8 +297,9 @@ impl Kept {
 
 /// How a renewal back to the minimum's end went.
 enum Back {
-    /// The expiry is the minimum's end again, by a renewal sent then.
-    Kept { sent: Instant },
+    /// The expiry is the minimum's end again (`back` past `sent`: later
+    /// when less than the shortest lease was left), by a renewal sent then.
+    Kept { sent: Instant, back: Duration },
     /// The lease is another's, or lapsed.
     Gone,
     /// The token holds a lease a late acquire took after the kept one was
