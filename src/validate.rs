@@ -100,9 +100,18 @@ impl std::fmt::Debug for Shortened<'_> {
     }
 }
 
-/// A minimum hold that fits: at most the longest lease and the hold's
-/// `max_hold`.
-pub(crate) fn min_hold(min_hold: Option<Duration>, max_hold: Option<Duration>) -> Result<()> {
+/// The shortest `max_hold`: a cap that ends a hold as soon as it begins
+/// would only churn the lock.
+const MIN_MAX_HOLD: Duration = Duration::from_secs(1);
+
+/// A hold's bounds that fit: a `max_hold` of a second at least, and a
+/// minimum hold of at most the longest lease and the `max_hold`. One check
+/// for a lock's hold and a permit's (which checks before its line, so that
+/// a bad one does not wait behind another waiter to be refused).
+pub(crate) fn hold_bounds(min_hold: Option<Duration>, max_hold: Option<Duration>) -> Result<()> {
+    if max_hold.is_some_and(|d| d < MIN_MAX_HOLD) {
+        return Err(Error::invalid("max_hold must be at least 1 s"));
+    }
     match (min_hold, max_hold) {
         (Some(min), _) if min > MAX_TTL => Err(Error::invalid(
             "min_hold must be at most 90 days (the longest a lease lives)",

@@ -16,10 +16,6 @@ use crate::error::{Error, LockLost, LostReason, Result};
 use crate::locks::{HeldLock, Locks, MinHold};
 use crate::validate;
 
-/// The shortest `max_hold`: a cap that ends a hold as soon as it begins
-/// would only churn the lock.
-const MIN_MAX_HOLD: Duration = Duration::from_secs(1);
-
 /// Acquires and keeps `spec`'s key, in `span` (by default a `volcano.hold`
 /// span under the caller's: the renewal task and any background release
 /// log under it too, so a job's fields stay on its lock's logs).
@@ -34,10 +30,7 @@ async fn acquire_in(spec: Spec, span: tracing::Span) -> Result<HeldLock> {
     let ttl = spec.ttl;
     validate::ttl(ttl)?;
     let max_hold = spec.options.max_hold;
-    if max_hold.is_some_and(|d| d < MIN_MAX_HOLD) {
-        return Err(Error::invalid("max_hold must be at least 1 s"));
-    }
-    validate::min_hold(spec.min_hold, max_hold)?;
+    validate::hold_bounds(spec.min_hold, max_hold)?;
     let min_hold = spec.min_hold.filter(|_| !sabotaged!(NoMinHold));
     let locks = spec.locks.clone();
     let clock = locks.client().lease_clock().clone();

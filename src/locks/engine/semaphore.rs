@@ -95,14 +95,7 @@ pub(crate) async fn acquire(spec: PermitSpec) -> Result<HeldLock> {
     }
     // Every option a permit's hold checks, checked before the line: a
     // bad one must not wait behind another waiter to be refused.
-    if spec
-        .options
-        .max_hold
-        .is_some_and(|d| d < Duration::from_secs(1))
-    {
-        return Err(Error::invalid("max_hold must be at least 1 s"));
-    }
-    validate::min_hold(spec.min_hold, spec.options.max_hold)?;
+    validate::hold_bounds(spec.min_hold, spec.options.max_hold)?;
     if spec.options.timeout.is_some_and(|t| t.is_zero()) {
         return Err(Error::invalid("timeout must be greater than zero"));
     }
@@ -112,11 +105,12 @@ pub(crate) async fn acquire(spec: PermitSpec) -> Result<HeldLock> {
     let entry = client.semaphores().memory(&spec.name, spec.permits);
     let start = client.spread() % u64::from(spec.permits);
     let began = Instant::now();
-    let deadline = spec.options.wait.map(|wait| {
-        began
-            .checked_add(wait)
-            .unwrap_or(began + Duration::from_secs(86_400 * 365))
-    });
+    // A wait of `Duration::MAX` ("as long as it takes") must not overflow
+    // an instant: a year is as long.
+    let deadline = spec
+        .options
+        .wait
+        .map(|wait| began + wait.min(Duration::from_secs(86_400 * 365)));
     // A try that does not wait has one round, over every permit until one
     // is free; a wait's first round tries two, its later rounds one.
     let first_round = match deadline {
@@ -182,28 +176,20 @@ async fn taking(
             return Err(last);
         };
         let now = Instant::now();
-        // The ramp; not before a 429's window or a 503's `Retry-After`;
-        // no round starts at or after the deadline.
-        let waited = now.saturating_duration_since(began);
-        let step = waited
-            .mul_f64(RAMP_RATIO)
-            .clamp(RAMP_FLOOR, poll.max(RAMP_FLOOR));
-        let mut next = now + step.mul_f64(1.0 - 0.1 * crate::random::unit());
-        let mut paused_by_service = false;
-        if let Some(after) = last.retry_after() {
-            next = next.max(now + after.min(crate::retry::wait::MAX_RETRY_AFTER));
-            paused_by_service = true;
-        }
-        // (A window that has passed asks for nothing: the pause is the
-        // ramp's, and a permit freed here still ends it.)
-        if let Some(quiet) = client.quota().quiet_until().filter(|&quiet| quiet > now) {
-            next = next.max(quiet + poll.mul_f64(crate::random::unit()));
-            paused_by_service = true;
-        }
-        // The last round goes with room for a try before the deadline.
-        let last_call = by.checked_sub(LAST_TRY_LEAD / 2).unwrap_or(by);
+        let last_call = last_call(by);
         if now >= last_call {
             return Err(last);
+        }
+        let waited = now.saturating_duration_since(began);
+        let (pause, mut paused_by_service) =
+            pause(waited, poll, last.retry_after(), crate::random::unit());
+        let mut next = now + pause;
+        // (A window that has passed asks for nothing: the pause is the
+        // ramp's, and a permit freed here still ends it.)
+        let spread = || poll.mul_f64(crate::random::unit());
+        if let Some(quiet) = past_quiet(client.quota().quiet_until(), now, last_call, spread) {
+            next = next.max(quiet);
+            paused_by_service = true;
         }
         loop {
             // A permit this client frees (a release, a force release) ends
@@ -220,15 +206,61 @@ async fn taking(
             // A 429 to another request of this client meanwhile (told as
             // this round ended: 16-client seed 547; or before a permit
             // freed here ended the pause): not before its window.
-            match client.quota().quiet_until() {
-                Some(quiet) if quiet > Instant::now() && Instant::now() < last_call => {
-                    next = quiet + poll.mul_f64(crate::random::unit());
+            let now = Instant::now();
+            match past_quiet(client.quota().quiet_until(), now, last_call, spread) {
+                Some(quiet) => {
+                    next = quiet;
                     paused_by_service = true;
                 }
-                _ => break,
+                None => break,
             }
         }
     }
+}
+
+/// When a wait's last round may start: with room for a try (half the lead a
+/// waiter's last try has) before the deadline `by`.
+fn last_call(by: Instant) -> Instant {
+    by.checked_sub(LAST_TRY_LEAD / 2).unwrap_or(by)
+}
+
+/// The pause after a round that found every permit it tried held (or got
+/// no answer), `waited` into the wait: the ramp (30 % of the time waited,
+/// 0.3 s to the poll interval), jittered down by up to a tenth (`u` in
+/// `[0, 1)`: never up, the pause is the longest a release goes unseen);
+/// not shorter than a `Retry-After` (at most a minute). True when the
+/// service asked for the pause: then a permit freed here does not end it.
+fn pause(
+    waited: Duration,
+    poll: Duration,
+    retry_after: Option<Duration>,
+    u: f64,
+) -> (Duration, bool) {
+    let step = waited
+        .mul_f64(RAMP_RATIO)
+        .clamp(RAMP_FLOOR, poll.max(RAMP_FLOOR));
+    let ramp = step.mul_f64(1.0 - 0.1 * u);
+    match retry_after {
+        Some(after) => (
+            ramp.max(after.min(crate::retry::wait::MAX_RETRY_AFTER)),
+            true,
+        ),
+        None => (ramp, false),
+    }
+}
+
+/// The end of a 429's window this client was told of (`quiet`), plus a
+/// spread (up to a poll interval, so that a client's waiters do not all go
+/// at that moment): `None` once it has passed, or once the last call has
+/// come (the last round goes then anyway).
+fn past_quiet(
+    quiet: Option<Instant>,
+    now: Instant,
+    last_call: Instant,
+    spread: impl FnOnce() -> Duration,
+) -> Option<Instant> {
+    let quiet = quiet.filter(|&quiet| quiet > now && now < last_call)?;
+    Some(quiet + spread())
 }
 
 /// One round: `per_round` permits, those this client freed itself first,
@@ -245,8 +277,9 @@ async fn round(
     per_round: usize,
     deadline: Option<Instant>,
 ) -> std::result::Result<HeldLock, (Error, bool)> {
-    let n = u64::from(spec.permits);
-    let mut order: Vec<u32> = (0..n).map(|j| ((start + j) % n) as u32).collect();
+    // From the spread on (`start`, below the count).
+    let mut order: Vec<u32> = (0..spec.permits).collect();
+    order.rotate_left(start as usize);
     // Stable: permits this client just freed first, then among permits
     // seen held equally long ago, the spread's order.
     order.sort_by_key(|&i| (!freed.contains(&i), memory.seen_held[i as usize]));
@@ -300,4 +333,81 @@ async fn round(
         last.unwrap_or_else(|| Error::invalid("a semaphore round tried no permit")),
         true,
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn the_last_round_goes_a_quarter_second_before_the_deadline() {
+        let by = Instant::now() + ms(10_000);
+        assert_eq!(last_call(by), by - ms(250));
+    }
+
+    #[test]
+    fn a_pause_is_the_ramp_jittered_down_and_no_shorter_than_retry_after() {
+        let poll = ms(5_000);
+        // 0.3 s at least; 30 % of the time waited; the poll interval at most.
+        assert_eq!(pause(ms(0), poll, None, 0.0), (ms(300), false));
+        assert_eq!(pause(ms(10_000), poll, None, 0.0), (ms(3_000), false));
+        assert_eq!(pause(ms(100_000), poll, None, 0.0), (poll, false));
+        // A poll interval under the floor: the floor.
+        assert_eq!(pause(ms(10_000), ms(100), None, 0.0), (ms(300), false));
+        // Jittered down by up to a tenth, never up.
+        assert_eq!(pause(ms(10_000), poll, None, 0.5), (ms(2_850), false));
+        assert_eq!(pause(ms(10_000), poll, None, 1.0), (ms(2_700), false));
+        // A `Retry-After` longer than the ramp, capped at a minute; a
+        // shorter one leaves the ramp; either is the service's pause.
+        assert_eq!(
+            pause(ms(10_000), poll, Some(ms(4_000)), 0.0),
+            (ms(4_000), true)
+        );
+        assert_eq!(
+            pause(ms(10_000), poll, Some(ms(600_000)), 0.0),
+            (ms(60_000), true)
+        );
+        assert_eq!(
+            pause(ms(10_000), poll, Some(ms(1_000)), 0.0),
+            (ms(3_000), true)
+        );
+    }
+
+    #[test]
+    fn a_quota_window_holds_a_round_back_until_it_has_passed_or_the_last_call() {
+        let now = Instant::now();
+        let last_call = now + ms(10_000);
+        let spread = || ms(700);
+        let never = || -> Duration { panic!("no spread is drawn without a window") };
+        assert_eq!(past_quiet(None, now, last_call, never), None);
+        assert_eq!(past_quiet(Some(now - ms(1)), now, last_call, never), None);
+        assert_eq!(past_quiet(Some(now), now, last_call, never), None);
+        assert_eq!(
+            past_quiet(Some(now + ms(2_000)), now, last_call, spread),
+            Some(now + ms(2_700))
+        );
+        // From the last call on, the last round goes, window or not.
+        assert_eq!(
+            past_quiet(Some(now + ms(2_000)), last_call, last_call, never),
+            None
+        );
+        let late = last_call + ms(1);
+        assert_eq!(
+            past_quiet(Some(late + ms(2_000)), late, last_call, never),
+            None
+        );
+        assert_eq!(
+            past_quiet(
+                Some(last_call + ms(2_000)),
+                last_call - ms(1),
+                last_call,
+                spread
+            ),
+            Some(last_call + ms(2_700))
+        );
+    }
 }

@@ -196,6 +196,7 @@ mod tests {
         let mut woken = pool.woken.subscribe();
         semaphores.freed("pool:2");
         semaphores.freed("pool:9"); // past its count
+        semaphores.freed("pool:4"); // its count: no permit of it
         semaphores.freed("pool-b"); // not a permit's key
         semaphores.freed("nightly-report");
         assert!(woken.has_changed().unwrap());
