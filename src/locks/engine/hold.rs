@@ -291,7 +291,18 @@ impl Holding {
                 (Some((a, a_ttl)), Some((r, r_ttl))) => Some((a.max(r), a_ttl.max(r_ttl))),
                 (one, other) => one.or(other),
             };
-            if let Some((land_by, ttl)) = late {
+            let stranger = matches!(&kept, Err(lost) if lost.reason() == LostReason::TakenOver);
+            if stranger {
+                // The keep renewed a lease a late try of the acquire took
+                // once the kept one was gone: nobody's work. Released now,
+                // and again once no late try can land.
+                match late {
+                    Some((land_by, ttl)) => release::undo(&self.locks, lease, land_by, ttl),
+                    None => {
+                        release::sweep(&self.locks, lease, tokio::time::Instant::now(), state.ttl)
+                    }
+                }
+            } else if let Some((land_by, ttl)) = late {
                 let now = state.clock.now();
                 let kept_until = tokio::time::Instant::now() + until.saturating_sub(now);
                 let live_until = tokio::time::Instant::now() + state.deadline().saturating_sub(now);
