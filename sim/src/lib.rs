@@ -40,6 +40,11 @@ pub struct Options {
     /// The rate every client host's clock runs at against true time
     /// (`Some(0.96)`: 4 % slow); `None`: exactly.
     pub clock_rate: Option<f64>,
+    /// Kept minimums in depth: most holds keep a minimum (1 s to 19 s),
+    /// end the moment a renewal goes out (held on its way, applied late)
+    /// and have their fix-up troubled (`release/late.rs`, `Kept`), which
+    /// the default mix reaches about once a seed.
+    pub kept_minimums: bool,
 }
 
 impl Default for Options {
@@ -51,6 +56,7 @@ impl Default for Options {
             fault_window: Duration::from_secs(90),
             sabotage: Sabotage::None,
             clock_rate: None,
+            kept_minimums: false,
         }
     }
 }
@@ -152,6 +158,7 @@ fn simulate(seed: u64, options: &Options) -> Outcome {
                 "late-renewal-at-job-end"
             }
             Event::Fault { what } if what.starts_with("quota-spent-beside") => "quota-spent-beside",
+            Event::Fault { what } if what.starts_with("fix-up-troubled") => "fix-up-troubled",
             _ => continue,
         };
         *driver.kinds.entry(kind.to_owned()).or_default() += 1;

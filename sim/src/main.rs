@@ -55,6 +55,7 @@ fn parse() -> Result<Args, String> {
             "--clients" => args.options.clients = number(value()?)? as usize,
             "--keys" => args.options.keys = number(value()?)?.max(1) as usize,
             "--steps" => args.options.steps = number(value()?)? as usize,
+            "--kept-minimums" => args.options.kept_minimums = true,
             "--clock-rate" => {
                 let rate: f64 = value()?.parse().map_err(|e| format!("--clock-rate: {e}"))?;
                 args.options.clock_rate = Some(rate);

@@ -39,7 +39,7 @@ pub(crate) use self::ctx::Gate;
 /// The service key of the simulated server.
 pub(crate) const SERVICE_KEY: &str = "sim-service-key";
 /// Each request's timeout.
-const TIMEOUT: Duration = Duration::from_secs(10);
+pub(crate) const TIMEOUT: Duration = Duration::from_secs(10);
 
 /// One client's program and what it shares with the driver.
 pub(crate) struct Program {
@@ -54,6 +54,8 @@ pub(crate) struct Program {
     pub(crate) clock: Arc<Mutex<Option<volcano::LeaseClock>>>,
     /// The rate the host's clock runs at (`None`: exactly).
     pub(crate) clock_rate: Option<f64>,
+    /// [`Options::kept_minimums`](crate::Options::kept_minimums).
+    pub(crate) kept_minimums: bool,
     /// The server, read directly (not over the network) once `shutdown`
     /// has returned.
     pub(crate) server: Arc<Mutex<Option<volcano_mock_server::MockServer>>>,
@@ -81,7 +83,7 @@ impl Program {
         };
         let client = volcano::sim::client(builder, network)?;
         let mut rng = StdRng::seed_from_u64(self.seed);
-        let ctx = Ctx::new(
+        let mut ctx = Ctx::new(
             self.id,
             (client.locks(), clock),
             self.log.clone(),
@@ -89,10 +91,20 @@ impl Program {
             self.server.clone(),
             requests.clone(),
         );
+        ctx.kept_minimums = self.kept_minimums;
         for _ in 0..self.steps {
             let key = self.keys[rng.random_range(0..self.keys.len())].clone();
             let ttl = Duration::from_secs(rng.random_range(5..=12));
             let op = Op::pick(rng.random_range(0..DRAWS));
+            // Kept minimums in depth: a hold in place of each scope and
+            // acquire by hand (leaders, sets, own tokens, force releases
+            // and observers stay, around them).
+            let op = match op {
+                Op::WithLock | Op::TryWithLock | Op::AcquireRenewRelease if self.kept_minimums => {
+                    Op::HoldShaped
+                }
+                op => op,
+            };
             let work = Duration::from_millis(rng.random_range(0..8_000));
             // Some operations are abandoned: at a random time, or just
             // after one of their requests went out (where an outcome is

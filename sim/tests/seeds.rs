@@ -52,6 +52,29 @@ fn a_fleet_of_sixteen_on_one_quota_runs_clean() {
     }
 }
 
+/// Kept minimums in depth: most holds keep a minimum and end the moment
+/// a renewal goes out, held on its way and applied late; the fix-up that
+/// puts the minimum right is then troubled (503s, a 429, a gateway's 504
+/// applied later, a 403, the key taken by hand). 1,000 seeds found an SDK
+/// bug (seed 152: a keep that renewed a lease a late try of the acquire
+/// took again after a force release was reported kept) and three checks
+/// too strict (197, 299, 481).
+#[test]
+fn kept_minimums_under_trouble_run_clean() {
+    let options = Options {
+        kept_minimums: true,
+        ..Options::default()
+    };
+    for seed in 0..100 {
+        let outcome = run(seed, &options);
+        assert!(
+            outcome.violations.is_empty(),
+            "seed {seed}: {:#?}\nreplay: cargo run --release -- --seed {seed} --kept-minimums --trace sim-{seed}.log (from sim/)",
+            outcome.violations
+        );
+    }
+}
+
 #[test]
 #[cfg_attr(
     not(tokio_unstable),

@@ -2,7 +2,8 @@
 //! while a late request of its lease may land, the expiry is put back to
 //! the minimum's end every 3 s, and once more when the last window has
 //! closed; then nothing more. A renewal back that failed is tried again
-//! after a pause of a second or two, never at once. `check/minimum.rs`
+//! after a pause of a second or two, never at once; one refused for good
+//! never; each gives up within 3 s. `check/minimum.rs`
 //! judges where the lease ends; a fix-up that renews in a loop ends it in
 //! the right place and spends the project's quota: this catches it.
 //! Judged on exact clocks (the fix-up is timed on the host's).
@@ -20,6 +21,9 @@ use crate::net::{Attempt, LATE_MARGIN};
 const LEAST_PAUSE: Duration = Duration::from_millis(900);
 /// Timers fire on ticks.
 const SLACK: Duration = Duration::from_millis(20);
+/// A renewal back's timeout: short, so that one left unanswered extends
+/// the windows only a little.
+const BACK_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// When a request's outcome was known to its client: its answer, or its
 /// failure.
@@ -59,7 +63,14 @@ pub(super) fn fix_up_spends_little(run: &Run<'_>, out: &mut Vec<String>) {
                 .filter(|a| a.sent < at && a.answer.as_ref().is_none_or(|o| o.status >= 500))
                 .map(|a| {
                     let from = a.answer.as_ref().map(|o| o.at).or(a.failed);
-                    from.unwrap_or(m.returned).max(a.sent) + a.timeout + LATE_MARGIN
+                    // An acquire's tries are counted with the request
+                    // timeout asked for, not each try's own, cut short by a
+                    // wait's deadline (kept-minimums seed 481).
+                    let timeout = match a.operation {
+                        Operation::Acquire => a.timeout.max(crate::program::TIMEOUT),
+                        _ => a.timeout,
+                    };
+                    from.unwrap_or(m.returned).max(a.sent) + timeout + LATE_MARGIN
                 })
                 .max()
                 .unwrap_or_default()
@@ -84,6 +95,7 @@ pub(super) fn fix_up_spends_little(run: &Run<'_>, out: &mut Vec<String>) {
         let mut last_end = None;
         let mut closed_and_kept = false;
         let mut short_gaps = 0;
+        let mut refused = None;
         for r in renewals {
             let fault = |what: String| {
                 format!(
@@ -92,6 +104,20 @@ pub(super) fn fix_up_spends_little(run: &Run<'_>, out: &mut Vec<String>) {
                     m.client, m.key, m.fence, m.asked_until
                 )
             };
+            if let Some(status) = refused {
+                out.push(fault(format!(
+                    "renewed back at {:?} after a renewal back was refused with {status}",
+                    r.sent
+                )));
+                break;
+            }
+            if r.timeout > BACK_TIMEOUT {
+                out.push(fault(format!(
+                    "renewed back at {:?} with a timeout of {:?} (more than {BACK_TIMEOUT:?})",
+                    r.sent, r.timeout
+                )));
+                break;
+            }
             if closed_and_kept {
                 out.push(fault(format!(
                     "was put right once every window had closed, then renewed again at {:?}",
@@ -128,6 +154,13 @@ pub(super) fn fix_up_spends_little(run: &Run<'_>, out: &mut Vec<String>) {
                 .max()
                 .max(ended(r));
             closed_and_kept = once_closed && r.answer.as_ref().is_some_and(|o| o.status == 200);
+            // Refused for good (a revoked key, a lease gone): no renewal
+            // back mends it.
+            refused = r
+                .answer
+                .as_ref()
+                .map(|o| o.status)
+                .filter(|s| matches!(s, 400 | 401 | 403 | 404 | 409));
         }
     }
 }

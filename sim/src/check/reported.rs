@@ -42,10 +42,14 @@ pub(super) fn reported_as_kept(run: &Run<'_>, out: &mut Vec<String>) {
                 && a.token.as_deref() == Some(token)
                 && a.sent >= asked.at
                 && a.sent <= e.at
-                && a.answer.as_ref().is_some_and(|o| o.status == 200)
+                // (One answered with another fence renewed another lease
+                // of the token, which a late try of its acquire took.)
+                && a.answer.as_ref().is_some_and(|o| o.status == 200 && o.fence == Some(*fence))
         }) {
             out.push(format!(
-                "min_hold reported not kept: client {client}'s minimum on {key} (fence                  {fence}) was kept by a renewal sent at {:?} and answered 200, yet                  release_reporting said it was not",
+                "min_hold reported not kept: client {client}'s minimum on {key} (fence {fence}) \
+                 was kept by a renewal sent at {:?} and answered 200, yet release_reporting said \
+                 it was not",
                 a.sent
             ));
         }

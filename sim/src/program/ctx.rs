@@ -46,6 +46,8 @@ pub(super) struct Ctx {
     pub(super) server: Arc<Mutex<Option<volcano_mock_server::MockServer>>>,
     /// Counts the lock requests this client has sent.
     pub(super) requests: tokio::sync::watch::Receiver<u64>,
+    /// [`Options::kept_minimums`](crate::Options::kept_minimums).
+    pub(super) kept_minimums: bool,
 }
 
 impl Ctx {
@@ -67,6 +69,7 @@ impl Ctx {
             ttl_ms: Default::default(),
             server,
             requests,
+            kept_minimums: false,
         }
     }
 

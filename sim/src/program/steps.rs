@@ -62,15 +62,19 @@ impl Ctx {
         // Those that end on a renewal held on its way
         // ([`Ctx::end_on_a_held_renewal`], the same bit) keep 10 s more:
         // the renewal's window then closes before the minimum's end.
-        let min_hold = min_hold_for(coin)
-            .filter(|_| one_in(coin >> 52, 2))
-            .map(|min| {
-                if one_in(coin >> 46, 2) {
-                    min + Duration::from_secs(10)
-                } else {
-                    min
-                }
-            });
+        let min_hold = if self.kept_minimums {
+            Some(Duration::from_millis(1_000 + (coin >> 40) % 18_000))
+        } else {
+            min_hold_for(coin)
+                .filter(|_| one_in(coin >> 52, 2))
+                .map(|min| {
+                    if one_in(coin >> 46, 2) {
+                        min + Duration::from_secs(10)
+                    } else {
+                        min
+                    }
+                })
+        };
         match self.shaped_hold(key, ttl, wait, coin, min_hold).await {
             Ok(held) => match min_hold {
                 Some(min) => {

@@ -24,12 +24,13 @@ impl Ctx {
         coin: u64,
     ) {
         let key = held.key().to_owned();
-        if one_in(coin >> 60, 3) {
+        if one_in(coin >> 60, 3) && !self.kept_minimums {
             let released = held.release_now().await;
             return self.released(&key, released);
         }
         let guard = (*held).clone();
-        if one_in(coin >> 46, 2) {
+        let late_renewal = one_in(coin >> 46, 2) || self.kept_minimums;
+        if late_renewal {
             self.end_on_a_held_renewal(&key, guard.ttl(), coin).await;
         }
         let fence = guard.lease().fencing_token();
@@ -73,6 +74,46 @@ impl Ctx {
             // Kept by the service, not released.
             Ok(()) => self.note(format!("release of {key}: kept for its minimum")),
             Err(err) => self.note(format!("release of {key}: {err}")),
+        }
+        if late_renewal && kept {
+            self.trouble_the_fix_up(&key, guard.ttl(), coin).await;
+        }
+    }
+
+    /// Troubles a kept minimum's fix-up (`release/late.rs`, `Kept`: its
+    /// renewals back to the minimum's end while the held renewal may land)
+    /// in five of eight: its next renewals back answered 503 or 429 (tried
+    /// again), a gateway's 504 whose renewal is applied later (its window
+    /// then counts too), refused with 403 (not tried again), or the key
+    /// taken by hand meanwhile (a force release, another token's acquire).
+    async fn trouble_the_fix_up(&self, key: &str, ttl: Duration, coin: u64) {
+        use volcano_mock_server::{Fault, Operation};
+        let pick = (coin.rotate_left(23) ^ (coin >> 7)) % 8;
+        let later = Duration::from_millis(1_000 + (coin >> 13) % 2_000);
+        let (fault, what) = match pick {
+            0 => (Some(Fault::status(503).times(2)), "503 x2".to_owned()),
+            1 => (Some(Fault::status(429).times(1)), "429".to_owned()),
+            2 => (
+                Some(Fault::gateway(504, Duration::from_millis(200), later).times(1)),
+                format!("gateway 504 after 200ms, applied after {later:?}"),
+            ),
+            3 => (Some(Fault::status(403).times(1)), "refused 403".to_owned()),
+            4 => (None, format!("taken over by hand after {later:?}")),
+            _ => return,
+        };
+        self.log.push(Event::Fault {
+            what: format!("fix-up-troubled {what}, of {key}"),
+        });
+        match fault {
+            Some(fault) => {
+                if let Some(mock) = crate::lock(&self.server).as_ref() {
+                    mock.inject(fault.on(Operation::Renew).key(key));
+                }
+            }
+            None => {
+                tokio::time::sleep(later).await;
+                self.take_over(key, ttl).await;
+            }
         }
     }
 

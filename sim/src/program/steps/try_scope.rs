@@ -222,7 +222,7 @@ impl Ctx {
 
     /// Takes `key` from whoever holds it, by hand: a force release, an
     /// acquire under a token of its own, a release a moment later.
-    async fn take_over(&self, key: &str, ttl: Duration) {
+    pub(super) async fn take_over(&self, key: &str, ttl: Duration) {
         self.force_release(key.to_owned()).await;
         let lease = match self.locks.acquire(key, ttl).await {
             Ok(lease) => lease,
