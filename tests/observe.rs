@@ -191,6 +191,7 @@ async fn a_transient_failure_goes_on_and_changes_are_not_lost() {
     server.inject(Fault::status(503).on(Operation::Get).times(1));
     let failed = changes.next().await.unwrap().unwrap_err();
     assert!(failed.is_transient(), "{failed:?}");
+    assert!(!changes.is_ended(), "a transient failure does not end it");
     let lease = locks.acquire("report", TTL).await.unwrap();
     let change = next(&mut changes).await;
     assert_eq!(change.kind(), ChangeKind::Acquired);
@@ -221,9 +222,12 @@ async fn bad_input_ends_the_stream_with_a_clear_error() {
         .build()
         .unwrap();
     let mut changes = rejected.locks().observe("report");
+    assert!(!changes.is_ended(), "not before a look");
     let err = changes.next().await.unwrap().unwrap_err();
     assert!(!err.is_transient(), "{err:?}");
+    assert!(changes.is_ended(), "a refused look ends it");
     assert!(changes.next().await.is_none());
+    assert!(bad_key.is_ended() && too_fast.is_ended());
 }
 
 /// A `next()` dropped while it waits (a `select!` that chose another

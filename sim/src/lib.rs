@@ -159,6 +159,9 @@ fn simulate(seed: u64, options: &Options) -> Outcome {
             }
             Event::Fault { what } if what.starts_with("quota-spent-beside") => "quota-spent-beside",
             Event::Fault { what } if what.starts_with("fix-up-troubled") => "fix-up-troubled",
+            Event::Fault { what } if what.starts_with("acquire-applied-late") => {
+                "acquire-applied-late"
+            }
             _ => continue,
         };
         *driver.kinds.entry(kind.to_owned()).or_default() += 1;

@@ -76,6 +76,10 @@ pub(crate) struct Observed {
     pub(crate) fence: Option<i64>,
     /// Its `Retry-After`, in seconds, if it had one.
     pub(crate) retry_after: Option<Duration>,
+    /// What a lease in it had left on the service's clock: its
+    /// `expires_at` less the answer's `Date` (a lease granted by an
+    /// attempt applied before this one reads less than its ttl).
+    pub(crate) left: Option<Duration>,
     /// Whether its body was a JSON object (the service's envelope, or a
     /// lease): a 409 without one is not the service saying "held".
     pub(crate) json: bool,
@@ -103,6 +107,14 @@ fn operation(method: &reqwest::Method, path: &str) -> Option<(Operation, String)
 }
 
 /// A JSON body's integer member `name`.
+/// A lease's `expires_at` less the answer's `Date`.
+fn time_left(body: &[u8], headers: &reqwest::header::HeaderMap) -> Option<Duration> {
+    let value: serde_json::Value = serde_json::from_slice(body).ok()?;
+    let expires = chrono::DateTime::parse_from_rfc3339(value.get("expires_at")?.as_str()?).ok()?;
+    let date = chrono::DateTime::parse_from_rfc2822(headers.get("date")?.to_str().ok()?).ok()?;
+    (expires - date).to_std().ok()
+}
+
 fn member(body: &[u8], name: &str) -> Option<i64> {
     let value: serde_json::Value = serde_json::from_slice(body).ok()?;
     value.get(name)?.as_i64()
@@ -149,6 +161,7 @@ impl Network for SimNetwork {
                         at,
                         status: answer.status,
                         fence: member(&answer.body, "fencing_token"),
+                        left: time_left(&answer.body, &answer.headers),
                         retry_after: answer
                             .headers
                             .get("retry-after")

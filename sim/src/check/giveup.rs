@@ -51,7 +51,14 @@ pub(super) fn gives_up_last(run: &Run<'_>, out: &mut Vec<String>) {
             (None, Some(failed)) => (failed, last.garbled),
             _ => continue,
         };
-        let since = grant.sent.saturating_sub(Duration::from_secs(1));
+        // From the grant's first attempt: the guard times its lease from
+        // there (a suspend while a retried acquire was in flight moved it:
+        // kept-minimums seed 246).
+        let first_sent = attempts
+            .iter()
+            .find(|a| a.request_id == grant.request_id)
+            .map_or(grant.sent, |first| first.sent);
+        let since = first_sent.saturating_sub(Duration::from_secs(1));
         if ended > b.to || run.lease_clock_moved(b.client, since, b.to) {
             continue;
         }
@@ -113,13 +120,23 @@ fn deadline_known(
                 .is_some_and(|o| matches!(o.status, 200 | 201) && o.at <= at)
     })?;
     let ttl = u64::try_from(heard.ttl_seconds?).unwrap_or_default();
+    // What the answer said was left, when less (a retried acquire's lease
+    // granted by its first attempt, applied earlier: kept-minimums seed
+    // 246); the guard times its deadline on it.
+    let ttl = Duration::from_secs(ttl).min(
+        heard
+            .answer
+            .as_ref()
+            .and_then(|o| o.left)
+            .map_or(Duration::MAX, |left| left + Duration::from_secs(1)),
+    );
     // Timed from its request's first attempt (a retried acquire may have
     // been applied at the first).
     let sent = attempts
         .iter()
         .find(|a| a.request_id == heard.request_id)
         .map_or(heard.sent, |first| first.sent);
-    Some(sent + Duration::from_secs(ttl).div_f64(rate.max(1.0)))
+    Some(sent + ttl.div_f64(rate.max(1.0)))
 }
 
 /// How close to the deadline it knew a guard may renew and still keep its
@@ -140,7 +157,14 @@ pub(super) fn no_safe_window(run: &Run<'_>, out: &mut Vec<String>) {
         let Some((grant, token)) = grant_of(attempts, b) else {
             continue;
         };
-        let since = grant.sent.saturating_sub(Duration::from_secs(1));
+        // From the grant's first attempt: the guard times its lease from
+        // there (a suspend while a retried acquire was in flight moved it:
+        // kept-minimums seed 246).
+        let first_sent = attempts
+            .iter()
+            .find(|a| a.request_id == grant.request_id)
+            .map_or(grant.sent, |first| first.sent);
+        let since = first_sent.saturating_sub(Duration::from_secs(1));
         if run.lease_clock_moved(b.client, since, b.to) {
             continue;
         }

@@ -450,6 +450,7 @@ mod tests {
                 status,
                 fence: (status == 201).then_some(1),
                 retry_after: None,
+                left: None,
                 json: true,
             }),
             failed: None,

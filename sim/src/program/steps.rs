@@ -75,6 +75,9 @@ impl Ctx {
                     }
                 })
         };
+        if self.kept_minimums && one_in(coin >> 33, 3) {
+            self.acquire_late(key, coin);
+        }
         match self.shaped_hold(key, ttl, wait, coin, min_hold).await {
             Ok(held) => match min_hold {
                 Some(min) => {
@@ -88,6 +91,27 @@ impl Ctx {
             },
             Err(err) => self.failed(&format!("hold {key}"), &err),
         }
+    }
+
+    /// The next acquire of `key` answered 503 by a gateway that applies it
+    /// 1 s to 6 s later (kept minimums in depth): its retry takes the key,
+    /// and the late try, with the same token, may set the expiry a whole
+    /// ttl from when it lands, after the minimum was handed over.
+    fn acquire_late(&self, key: &str, coin: u64) {
+        let applied = Duration::from_millis(1_000 + (coin >> 17) % 5_000);
+        if let Some(mock) = crate::lock(&self.server).as_ref() {
+            mock.inject(
+                volcano_mock_server::Fault::gateway(503, Duration::from_millis(100), applied)
+                    .on(volcano_mock_server::Operation::Acquire)
+                    .key(key)
+                    .times(1),
+            );
+        }
+        self.log.push(Event::Fault {
+            what: format!(
+                "acquire-applied-late gateway 503 after 100ms, applied after {applied:?}, of {key}"
+            ),
+        });
     }
 
     /// Works inside a `with_lock` scope.

@@ -153,6 +153,21 @@ pub(crate) fn undone(run: &Run<'_>, out: &mut Vec<String>) -> Late {
         {
             continue;
         }
+        // A request of the token refused for good since (401, 403: a
+        // revoked key, as the SDK must take it) ends what it does for it:
+        // a kept minimum's renewal back refused, say (kept-minimums seed
+        // 789).
+        let refused = server.sent.attempts.iter().any(|a| {
+            a.client == client
+                && a.token == first.token
+                && a.sent >= first.sent
+                && a.answer
+                    .as_ref()
+                    .is_some_and(|o| matches!(o.status, 401 | 403))
+        });
+        if refused {
+            continue;
+        }
         if undoing.is_empty() {
             let retry = if after_a_409 {
                 " (a later attempt of it was answered 409 before this try was applied)"

@@ -82,10 +82,12 @@ impl Ctx {
 
     /// Troubles a kept minimum's fix-up (`release/late.rs`, `Kept`: its
     /// renewals back to the minimum's end while the held renewal may land)
-    /// in five of eight: its next renewals back answered 503 or 429 (tried
+    /// in six of eight: its next renewals back answered 503 or 429 (tried
     /// again), a gateway's 504 whose renewal is applied later (its window
-    /// then counts too), refused with 403 (not tried again), or the key
-    /// taken by hand meanwhile (a force release, another token's acquire).
+    /// then counts too), refused with 403 (not tried again), the key taken
+    /// by hand meanwhile (a force release, another token's acquire), or
+    /// every try of a renewal back answered 503 (unanswered: released at
+    /// the minimum's end).
     async fn trouble_the_fix_up(&self, key: &str, ttl: Duration, coin: u64) {
         use volcano_mock_server::{Fault, Operation};
         let pick = (coin.rotate_left(23) ^ (coin >> 7)) % 8;
@@ -99,6 +101,7 @@ impl Ctx {
             ),
             3 => (Some(Fault::status(403).times(1)), "refused 403".to_owned()),
             4 => (None, format!("taken over by hand after {later:?}")),
+            5 => (Some(Fault::status(503).times(3)), "503 x3".to_owned()),
             _ => return,
         };
         self.log.push(Event::Fault {

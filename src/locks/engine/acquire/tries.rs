@@ -107,13 +107,16 @@ impl Try<'_> {
                             return Ok(measured);
                         }
                         Err(err) => {
-                            if let (true, Some(count)) = (err.is_lock_held(), at_retry) {
-                                // A 409 to the transport's retry: a
-                                // release of this client's before the
-                                // retry went is older than this answer,
-                                // and no news; one after it is (the retry
-                                // may have been decided before it, its
-                                // answer slow: 16-client seed 373).
+                            if let Some(count) = at_retry {
+                                // The transport's retry went: a release of
+                                // this client's before it is older than
+                                // the retry, which tried after it, and no
+                                // news; one after it is (the retry may have
+                                // been decided before it, its answer slow:
+                                // 16-client seed 373). So also when the
+                                // retry got no answer but a 503: trying
+                                // again at once would be a second retry
+                                // (kept-minimums seed 166).
                                 ticket.answered_after(count);
                             }
                             let was = waiter.failing_since();
