@@ -271,14 +271,18 @@ impl Kept {
         self.release_now_then(again).await
     }
 
-    /// Released now; `again`, once no late try can land, unless none can
-    /// already or an acquire with the token superseded this.
+    /// Released now; `again`, once no late try can land, unless none could
+    /// when it went or an acquire with the token superseded this.
     async fn release_now_then(self, again: bool) -> Settled {
-        let until_landed = self.land_by.saturating_duration_since(Instant::now());
+        let sent = Instant::now();
+        let until_landed = self.land_by.saturating_duration_since(sent);
         let first = Persistence::background(&self.locks, until_landed.max(self.ttl));
         let superseded = Some(self.superseded.clone());
         let first = confirmed(&self.locks, &self.lease, first, superseded).await;
-        if !again || self.land_by <= Instant::now() || matches!(first, Ok(Ended::Superseded)) {
+        // Again unless none could land after the first went out: one whose
+        // answer came past the window may have been applied before a late
+        // try (kept-minimums seed 798: a release's answer held 6 s).
+        if !again || self.land_by <= sent || matches!(first, Ok(Ended::Superseded)) {
             return settled(first, &self.lease, KEPT_WHY);
         }
         self.release_once_none_lands().await
