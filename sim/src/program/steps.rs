@@ -94,11 +94,11 @@ impl Ctx {
     }
 
     /// The next acquire of `key` answered 503 by a gateway that applies it
-    /// 1 s to 6 s later (kept minimums in depth): its retry takes the key,
+    /// 1 s to 11 s later (kept minimums in depth): its retry takes the key,
     /// and the late try, with the same token, may set the expiry a whole
     /// ttl from when it lands, after the minimum was handed over.
     fn acquire_late(&self, key: &str, coin: u64) {
-        let applied = Duration::from_millis(1_000 + (coin >> 17) % 5_000);
+        let applied = Duration::from_millis(1_000 + (coin >> 17) % 10_000);
         if let Some(mock) = crate::lock(&self.server).as_ref() {
             mock.inject(
                 volcano_mock_server::Fault::gateway(503, Duration::from_millis(100), applied)

@@ -82,12 +82,13 @@ impl Ctx {
 
     /// Troubles a kept minimum's fix-up (`release/late.rs`, `Kept`: its
     /// renewals back to the minimum's end while the held renewal may land)
-    /// in six of eight: its next renewals back answered 503 or 429 (tried
+    /// in seven of eight: its next renewals back answered 503 or 429 (tried
     /// again), a gateway's 504 whose renewal is applied later (its window
     /// then counts too), refused with 403 (not tried again), the key taken
-    /// by hand meanwhile (a force release, another token's acquire), or
-    /// every try of a renewal back answered 503 (unanswered: released at
-    /// the minimum's end).
+    /// by hand meanwhile (a force release, and another token's acquire or
+    /// not: a late acquire may then take it again), or every try of a
+    /// renewal back answered 503 (unanswered: released at the minimum's
+    /// end).
     async fn trouble_the_fix_up(&self, key: &str, ttl: Duration, coin: u64) {
         use volcano_mock_server::{Fault, Operation};
         let pick = (coin.rotate_left(23) ^ (coin >> 7)) % 8;
@@ -102,6 +103,7 @@ impl Ctx {
             3 => (Some(Fault::status(403).times(1)), "refused 403".to_owned()),
             4 => (None, format!("taken over by hand after {later:?}")),
             5 => (Some(Fault::status(503).times(3)), "503 x3".to_owned()),
+            6 => (None, format!("force-released by hand after {later:?}")),
             _ => return,
         };
         self.log.push(Event::Fault {
@@ -112,6 +114,10 @@ impl Ctx {
                 if let Some(mock) = crate::lock(&self.server).as_ref() {
                     mock.inject(fault.on(Operation::Renew).key(key));
                 }
+            }
+            None if pick == 6 => {
+                tokio::time::sleep(later).await;
+                self.force_release(key.to_owned()).await;
             }
             None => {
                 tokio::time::sleep(later).await;
