@@ -149,6 +149,29 @@ async fn until_steps_down_cleanly_and_an_error_ends_leadership() {
     assert_eq!(calls.load(Ordering::SeqCst), 1);
     assert!(!held_on_server(&server));
     assert_eq!(client.active_renewals(), 0);
+
+    // An Err whose release the service keeps answering 503: the release
+    // goes on in the background, and `run` returns once it has freed the
+    // key (within one client timeout; the 0.75 s of a step-down is for
+    // `until` only).
+    use volcano_mock_server::{Fault, Operation};
+    server.inject(Fault::status(503).on(Operation::Release).times(1));
+    server.inject(
+        Fault::delay(Duration::from_millis(1_500))
+            .on(Operation::Release)
+            .times(1),
+    );
+    let err = client
+        .locks()
+        .leader(KEY, TTL)
+        .run(|_term| async { Err::<(), _>(JobError::Failed) })
+        .await
+        .unwrap_err();
+    assert!(matches!(err, JobError::Failed), "{err:?}");
+    assert!(
+        !held_on_server(&server),
+        "run returned before its term's release freed the key"
+    );
 }
 
 /// One replica of a scheduler on a runtime of its own, so that it can be

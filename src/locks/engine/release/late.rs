@@ -11,6 +11,9 @@ use crate::background::Settled;
 use crate::error::Error;
 use crate::lease::LockLease;
 use crate::locks::Locks;
+use bounds::{back_lands_by, release_again, Act, Bounds, BACK_TIMEOUT};
+
+mod bounds;
 
 /// Undoes an acquisition with a token the SDK generated, whose outcome is
 /// unknown: releases at once (a try that already landed frees the key for
@@ -46,16 +49,6 @@ pub(crate) fn sweep(locks: &Locks, lease: LockLease, land_by: Instant, ttl: Dura
         "release again once a late try of the acquire can no longer land",
     );
 }
-
-/// How often a kept minimum's expiry is put back while a late request may
-/// still land: one landing sets the expiry at least the shortest lease
-/// (5 s) from then, so a renewal back within 3 s arrives before a shortened
-/// lease lapses.
-const REASSERT: Duration = Duration::from_secs(3);
-
-/// The timeout of each renewal back: short, so that one left unanswered
-/// extends the window only a little.
-const BACK_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// A lease handed to the service for a minimum hold (kept until
 /// `kept_until`, not released) while a request may still land (`land_by`):
@@ -100,10 +93,12 @@ pub(crate) fn kept_sweep(
                 locks: task_locks,
                 lease,
                 superseded,
-                land_by,
+                bounds: Bounds {
+                    land_by,
+                    kept_until,
+                    live_until,
+                },
                 ttl,
-                kept_until,
-                live_until,
                 acquire_late,
             };
             Box::pin(kept.put_right())
@@ -116,10 +111,8 @@ struct Kept {
     locks: Locks,
     lease: LockLease,
     superseded: tokio::sync::watch::Receiver<bool>,
-    land_by: Instant,
+    bounds: Bounds,
     ttl: Duration,
-    kept_until: Instant,
-    live_until: Instant,
     acquire_late: bool,
 }
 
@@ -129,21 +122,14 @@ const KEPT_WHY: &str = "put a kept minimum right while a late request may land";
 impl Kept {
     async fn put_right(mut self) -> Settled {
         loop {
-            let now = Instant::now();
-            if now >= self.kept_until {
+            if Instant::now() >= self.bounds.kept_until {
                 return self.release_at_the_end().await;
             }
-            let wake = if now >= self.land_by {
-                now
-            } else {
-                (now + REASSERT).min(self.land_by)
-            }
-            .min(self.kept_until);
-            if !self.sleep_until(wake).await {
+            if !self.sleep_until(self.bounds.wake(Instant::now())).await {
                 return Settled::MayBeHeld;
             }
             let now = Instant::now();
-            if now >= self.kept_until {
+            if now >= self.bounds.kept_until {
                 continue;
             }
             if sabotaged!(KeptSweepReleases) {
@@ -151,43 +137,30 @@ impl Kept {
                 let ended = confirmed(&self.locks, &self.lease, last, Some(self.superseded)).await;
                 return settled(ended, &self.lease, KEPT_WHY);
             }
-            let renewable = now + crate::retry::renewal::SAFETY_MARGIN < self.live_until;
-            if self.kept_until.saturating_duration_since(now) < crate::validate::MIN_TTL {
-                // Less left than the shortest lease: a renewal back would
-                // reach past the minimum's end. Kept live to the end if it
-                // may not last that long, then released at the end.
-                if renewable && self.live_until < self.kept_until {
-                    let _ = self.renew_back().await;
+            match self.bounds.act(now) {
+                Act::RenewBack => {}
+                act => {
+                    if act == Act::RenewBackThenEnd {
+                        let _ = self.renew_back().await;
+                    }
+                    if !self.sleep_until(self.bounds.kept_until).await {
+                        return Settled::MayBeHeld;
+                    }
+                    continue;
                 }
-                if !self.sleep_until(self.kept_until).await {
-                    return Settled::MayBeHeld;
-                }
-                continue;
-            }
-            if !renewable {
-                // Whatever a late request made of it is released at the
-                // minimum's end.
-                if !self.sleep_until(self.kept_until).await {
-                    return Settled::MayBeHeld;
-                }
-                continue;
             }
             match self.renew_back().await {
-                // Sent once no late request could land any more (also
-                // when it was retried past that: 16-client seed 17), and
-                // not past the minimum's end (a retry with less than the
-                // shortest lease left reaches past it; then the release at
-                // the end): put right for good.
-                Back::Kept { sent, back }
-                    if sent >= self.land_by
-                        && sent + back <= self.kept_until + Duration::from_secs(1) =>
-                {
+                Back::Kept { sent, back } if self.bounds.put_right_by(sent, back) => {
                     return Settled::Freed
                 }
                 Back::Kept { .. } => {}
                 // Another's, or lapsed: nothing of ours, unless a late
                 // acquire may still take it again.
-                Back::Gone if self.acquire_late && Instant::now() < self.land_by => {
+                Back::Gone
+                    if self
+                        .bounds
+                        .acquire_may_land(self.acquire_late, Instant::now()) =>
+                {
                     return self.release_once_none_lands().await;
                 }
                 Back::Gone => return Settled::Freed,
@@ -197,7 +170,7 @@ impl Kept {
                 // Unanswered: it may land late too; left until the minimum's
                 // end, where it is released.
                 Back::Unanswered => {
-                    self.live_until = Instant::now();
+                    self.bounds.live_until = Instant::now();
                 }
             }
         }
@@ -225,7 +198,10 @@ impl Kept {
             Duration::from_secs(2),
             Duration::ZERO,
         ] {
-            let left = self.kept_until.saturating_duration_since(Instant::now());
+            let left = self
+                .bounds
+                .kept_until
+                .saturating_duration_since(Instant::now());
             if left.is_zero() {
                 return Back::Unanswered;
             }
@@ -239,14 +215,13 @@ impl Kept {
                     return Back::Stranger;
                 }
                 Ok(_) => {
-                    self.live_until = sent + back;
+                    self.bounds.live_until = sent + back;
                     return Back::Kept { sent, back };
                 }
                 Err(Error::Conflict(_)) => return Back::Gone,
                 Err(err) if crate::retry::worth_another_attempt(&err) => {
                     if err.may_land_late() {
-                        let by = sent + BACK_TIMEOUT + crate::retry::LATE_TRY_MARGIN;
-                        self.land_by = self.land_by.max(by);
+                        self.bounds.land_by = self.bounds.land_by.max(back_lands_by(sent));
                     }
                     tokio::time::sleep(pause).await;
                 }
@@ -275,14 +250,13 @@ impl Kept {
     /// when it went or an acquire with the token superseded this.
     async fn release_now_then(self, again: bool) -> Settled {
         let sent = Instant::now();
-        let until_landed = self.land_by.saturating_duration_since(sent);
+        let land_by = self.bounds.land_by;
+        let until_landed = land_by.saturating_duration_since(sent);
         let first = Persistence::background(&self.locks, until_landed.max(self.ttl));
         let superseded = Some(self.superseded.clone());
         let first = confirmed(&self.locks, &self.lease, first, superseded).await;
-        // Again unless none could land after the first went out: one whose
-        // answer came past the window may have been applied before a late
-        // try (kept-minimums seed 798: a release's answer held 6 s).
-        if !again || self.land_by <= sent || matches!(first, Ok(Ended::Superseded)) {
+        let superseded = matches!(first, Ok(Ended::Superseded));
+        if !release_again(again, land_by, sent, superseded) {
             return settled(first, &self.lease, KEPT_WHY);
         }
         self.release_once_none_lands().await
@@ -290,7 +264,7 @@ impl Kept {
 
     /// Released once no late try can land (`land_by`).
     async fn release_once_none_lands(mut self) -> Settled {
-        if !self.sleep_until(self.land_by).await {
+        if !self.sleep_until(self.bounds.land_by).await {
             return Settled::MayBeHeld;
         }
         let last = Persistence::background(&self.locks, self.ttl);
