@@ -372,3 +372,60 @@ async fn an_unreadable_grant_is_retried_and_recovered() {
     assert_eq!(journal[0].fencing_token, Some(lease.fencing_token()));
     assert_eq!(journal[0].request_id, journal[1].request_id);
 }
+
+/// A waiter's try whose first attempt and the transport's retry are both
+/// answered 503 by a gateway, while its own client freed the key during
+/// the first: the retry went after that release, so the release is no
+/// news; the wait pauses as after any 503 (a third attempt at once would
+/// be a second retry; found by the simulation's kept minimums, seed 166).
+#[tokio::test]
+async fn a_release_before_the_retry_does_not_hurry_the_try_after_its_503() {
+    use std::sync::{Arc, Mutex};
+    use wiremock::matchers::method;
+    use wiremock::{Mock, Request, Respond, ResponseTemplate};
+    struct Posts(Arc<Mutex<Vec<tokio::time::Instant>>>);
+    impl Respond for Posts {
+        fn respond(&self, _: &Request) -> ResponseTemplate {
+            let mut seen = self.0.lock().unwrap();
+            seen.push(tokio::time::Instant::now());
+            let gateway = ResponseTemplate::new(503).set_body_string("<html>upstream</html>");
+            match seen.len() {
+                1 => lease_body(201, 1),
+                2 => gateway.set_delay(Duration::from_millis(300)),
+                3 => gateway,
+                _ => error_body(409, "Lock is held", Some("lock_held")),
+            }
+        }
+    }
+    let wire = server().await;
+    let posts = Arc::new(Mutex::new(Vec::new()));
+    Mock::given(method("POST"))
+        .respond_with(Posts(posts.clone()))
+        .mount(&wire)
+        .await;
+    Mock::given(method("DELETE"))
+        .respond_with(ResponseTemplate::new(204))
+        .mount(&wire)
+        .await;
+    let locks = client(&wire.uri()).locks();
+    let held = locks.acquire("job", Duration::from_secs(30)).await.unwrap();
+    let waiter = tokio::spawn({
+        let locks = locks.clone();
+        async move {
+            locks
+                .acquire("job", Duration::from_secs(30))
+                .wait(Duration::from_millis(1_500))
+                .await
+        }
+    });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    locks.release(&held).await.unwrap();
+    assert!(waiter.await.unwrap().unwrap_err().is_lock_held());
+    let seen = posts.lock().unwrap().clone();
+    assert!(seen.len() >= 4, "{} acquires", seen.len());
+    let pause = seen[3] - seen[2];
+    assert!(
+        pause >= Duration::from_millis(90),
+        "tried again {pause:?} after the retry's 503"
+    );
+}

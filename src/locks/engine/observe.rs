@@ -174,10 +174,11 @@ impl Observer {
             // Checked again after each sleep: another observer may have
             // been told meanwhile.
             while self.in_flight.is_none() {
-                if let Some(quiet) = quota.quiet_until() {
-                    if quiet > Instant::now() && self.next_at.is_none_or(|at| at < quiet) {
-                        self.next_at = Some(quiet + self.spread());
-                    }
+                let spread = || self.spread();
+                if let Some(at) =
+                    past_quiet(self.next_at, quota.quiet_until(), Instant::now(), spread)
+                {
+                    self.next_at = Some(at);
                 }
                 match self.next_at {
                     Some(at) if at > Instant::now() => tokio::time::sleep_until(at).await,
@@ -367,6 +368,23 @@ impl Observer {
     fn spread(&self) -> Duration {
         self.poll().min(MAX_PAUSE).mul_f64(crate::random::unit())
     }
+}
+
+/// When the next look goes once a 429's window told to this client
+/// (`quiet`) is taken in: past the window, plus a spread (so that the
+/// client's observers do not all look at that moment), if the look was
+/// due before the window has passed; `None`: as it was (no window open at
+/// `now`, or the look due after it anyway).
+fn past_quiet(
+    next_at: Option<Instant>,
+    quiet: Option<Instant>,
+    now: Instant,
+    spread: impl FnOnce() -> Duration,
+) -> Option<Instant> {
+    let quiet = quiet.filter(|&quiet| quiet > now)?;
+    next_at
+        .is_none_or(|at| at < quiet)
+        .then(|| quiet + spread())
 }
 
 #[cfg(test)]
@@ -665,6 +683,37 @@ mod tests {
         assert!(!observer.is_ended());
         observer.ended = true;
         assert!(observer.is_ended());
+    }
+
+    #[test]
+    fn a_look_due_inside_a_quota_window_goes_past_it_plus_a_spread() {
+        let now = Instant::now();
+        let quiet = now + S(5);
+        let spread = || MS(300);
+        let never = || -> Duration { panic!("no spread drawn") };
+        // No window, or one that has passed (or ends now): as it was.
+        assert_eq!(past_quiet(Some(now), None, now, never), None);
+        assert_eq!(past_quiet(Some(now), Some(now), now, never), None);
+        assert_eq!(past_quiet(Some(now), Some(now - MS(1)), now, never), None);
+        // Due inside it (or never scheduled): past it, spread.
+        assert_eq!(
+            past_quiet(Some(now), Some(quiet), now, spread),
+            Some(quiet + MS(300))
+        );
+        assert_eq!(
+            past_quiet(None, Some(quiet), now, spread),
+            Some(quiet + MS(300))
+        );
+        assert_eq!(
+            past_quiet(Some(quiet - MS(1)), Some(quiet), now, spread),
+            Some(quiet + MS(300))
+        );
+        // Due as it ends or after: as it was.
+        assert_eq!(past_quiet(Some(quiet), Some(quiet), now, never), None);
+        assert_eq!(
+            past_quiet(Some(quiet + S(1)), Some(quiet), now, never),
+            None
+        );
     }
 
     #[test]

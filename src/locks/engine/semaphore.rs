@@ -263,6 +263,13 @@ fn past_quiet(
     Some(quiet + spread())
 }
 
+/// Whether a wait with `left` before its deadline has room for another
+/// permit's try: the try and its single retry, each of the shortest
+/// attempt.
+fn room_for_a_try(left: Duration) -> bool {
+    left >= crate::retry::MIN_ATTEMPT * 2
+}
+
 /// One round: `per_round` permits, those this client freed itself first,
 /// then those it saw held longest ago (never seen held before any), from
 /// its spread on. `Err((err,
@@ -299,7 +306,7 @@ async fn round(
             // A wait's tries answer by its deadline: a try and its single
             // retry fit in what is left (no try starts after it).
             let left = by.saturating_duration_since(Instant::now());
-            if left < crate::retry::MIN_ATTEMPT * 2 && last.is_some() {
+            if !room_for_a_try(left) && last.is_some() {
                 break;
             }
             let timeout = options
@@ -341,6 +348,13 @@ mod tests {
 
     const fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
+    }
+
+    #[test]
+    fn a_round_tries_another_permit_only_with_room_for_a_try_and_its_retry() {
+        assert!(room_for_a_try(ms(200)));
+        assert!(!room_for_a_try(ms(199)));
+        assert!(!room_for_a_try(ms(100)));
     }
 
     #[test]
