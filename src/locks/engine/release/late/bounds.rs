@@ -160,40 +160,23 @@ mod tests {
         let late = b.kept_until - ms(4_999);
         assert_eq!(b.act(late), Act::AtTheEnd);
         // ... kept live first if it lapses sooner (not at the end exactly).
-        let lapsing = Bounds {
-            live_until: b.kept_until - ms(1),
-            ..b
-        };
-        assert_eq!(lapsing.act(late), Act::RenewBackThenEnd);
-        let to_the_end = Bounds {
-            live_until: b.kept_until,
-            ..b
-        };
-        assert_eq!(to_the_end.act(late), Act::AtTheEnd);
+        let measured = |live_until: Instant| Bounds { live_until, ..b };
+        assert_eq!(
+            measured(b.kept_until - ms(1)).act(late),
+            Act::RenewBackThenEnd
+        );
+        assert_eq!(measured(b.kept_until).act(late), Act::AtTheEnd);
         // Within the safety margin of its expiry: no renewal can make it.
         let margin = crate::retry::renewal::SAFETY_MARGIN;
-        let spent = Bounds {
-            live_until: late + margin,
-            ..lapsing
-        };
-        assert_eq!(spent.act(late), Act::AtTheEnd);
-        let just = Bounds {
-            live_until: late + margin + ms(1),
-            ..lapsing
-        };
-        assert_eq!(just.act(late), Act::RenewBackThenEnd);
+        assert_eq!(measured(late + margin).act(late), Act::AtTheEnd);
+        assert_eq!(
+            measured(late + margin + ms(1)).act(late),
+            Act::RenewBackThenEnd
+        );
         // With 5 s or more left, a lease that can no longer be renewed
         // (an unanswered renewal back) is left to the release at the end.
-        let unanswered = Bounds {
-            live_until: now + margin,
-            ..b
-        };
-        assert_eq!(unanswered.act(now), Act::AtTheEnd);
-        let barely = Bounds {
-            live_until: now + margin + ms(1),
-            ..b
-        };
-        assert_eq!(barely.act(now), Act::RenewBack);
+        assert_eq!(measured(now + margin).act(now), Act::AtTheEnd);
+        assert_eq!(measured(now + margin + ms(1)).act(now), Act::RenewBack);
     }
 
     #[test]
