@@ -538,6 +538,8 @@ mod tests {
         // A regular look, then a look in the last second: seen final, so
         // the next is the one as it frees.
         assert_eq!(look(&mut observer, 13_000, false), (true, false));
+        // (A regular look gives a look too early its one more again.)
+        assert_eq!(look(&mut observer, 13_000, true), (true, false));
         tokio::time::advance(MS(900)).await;
         assert_eq!(look(&mut observer, 14_000, true), (true, true));
     }
@@ -695,6 +697,7 @@ mod tests {
         assert_eq!(past_quiet(Some(now), None, now, never), None);
         assert_eq!(past_quiet(Some(now), Some(now), now, never), None);
         assert_eq!(past_quiet(Some(now), Some(now - MS(1)), now, never), None);
+        assert_eq!(past_quiet(Some(now - MS(1)), Some(now), now, never), None);
         // Due inside it (or never scheduled): past it, spread.
         assert_eq!(
             past_quiet(Some(now), Some(quiet), now, spread),
