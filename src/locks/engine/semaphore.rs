@@ -105,12 +105,7 @@ pub(crate) async fn acquire(spec: PermitSpec) -> Result<HeldLock> {
     let entry = client.semaphores().memory(&spec.name, spec.permits);
     let start = client.spread() % u64::from(spec.permits);
     let began = Instant::now();
-    // A wait of `Duration::MAX` ("as long as it takes") must not overflow
-    // an instant: a year is as long.
-    let deadline = spec
-        .options
-        .wait
-        .map(|wait| began + wait.min(Duration::from_secs(86_400 * 365)));
+    let deadline = spec.options.wait.map(|wait| deadline_of(began, wait));
     // A try that does not wait has one round, over every permit until one
     // is free; a wait's first round tries two, its later rounds one.
     let first_round = match deadline {
@@ -216,6 +211,15 @@ async fn taking(
             }
         }
     }
+}
+
+/// The longest a wait waits: a year stands for "as long as it takes".
+const A_YEAR: Duration = Duration::from_secs(86_400 * 365);
+
+/// A wait's deadline: `wait` from `began`, at most [`A_YEAR`] (a wait of
+/// `Duration::MAX` must not overflow an instant).
+fn deadline_of(began: Instant, wait: Duration) -> Instant {
+    began + wait.min(A_YEAR)
 }
 
 /// When a wait's last round may start: with room for a try (half the lead a
@@ -358,6 +362,15 @@ mod tests {
     }
 
     #[test]
+    fn a_wait_ends_when_asked_and_a_year_at_most() {
+        let began = Instant::now();
+        assert_eq!(deadline_of(began, ms(600_000)), began + ms(600_000));
+        let year = ms(86_400_000 * 365);
+        assert_eq!(deadline_of(began, year), began + year);
+        assert_eq!(deadline_of(began, Duration::MAX), began + year);
+    }
+
+    #[test]
     fn the_last_round_goes_a_quarter_second_before_the_deadline() {
         let by = Instant::now() + ms(10_000);
         assert_eq!(last_call(by), by - ms(250));
@@ -406,7 +419,7 @@ mod tests {
         );
         // From the last call on, the last round goes, window or not.
         assert_eq!(
-            past_quiet(Some(now + ms(2_000)), last_call, last_call, never),
+            past_quiet(Some(last_call + ms(2_000)), last_call, last_call, never),
             None
         );
         let late = last_call + ms(1);
