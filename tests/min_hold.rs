@@ -271,6 +271,17 @@ async fn release_reporting_says_whether_the_minimum_is_kept() {
     assert_eq!(held.release_reporting().await.unwrap(), MinHold::Passed);
     assert!(!live(&server, "short"));
 
+    // Under a cap far from the minimum's end: kept all the same.
+    let capped = volcano::AcquireOptions::default().max_hold(Duration::from_secs(600));
+    let held = locks
+        .hold("capped", TTL)
+        .options(capped)
+        .min_hold(MINIMUM)
+        .await
+        .unwrap();
+    assert_eq!(held.release_reporting().await.unwrap(), MinHold::Kept);
+    assert!(live(&server, "capped"));
+
     server.inject(Fault::status(503).on(Operation::Renew).key("failing"));
     let held = locks.hold("failing", TTL).min_hold(MINIMUM).await.unwrap();
     assert_eq!(held.release_reporting().await.unwrap(), MinHold::NotKept);
