@@ -269,8 +269,28 @@ impl Holding {
             };
             // A renewal answered with little time left (the short ttl
             // asked, answered late) still set the expiry: kept.
+            let fence = state.lease().fencing_token();
             let kept = match renew_in_window_for(&state, &self.locks, &left).await {
                 Err(lost) if lost.reason() == LostReason::NoSafeWindow => Ok(()),
+                other => other,
+            };
+            // Renewed under another fencing token: another lease of this
+            // token, which a late try of the acquire took once the kept one
+            // was gone (force-released, say). The minimum asked for is not
+            // kept; that lease is released below (kept-minimums seed 152).
+            // (A guard's own renewals take such a lease as theirs: protocol
+            // scenarios 27 and 30.)
+            let kept = match kept {
+                Ok(()) if state.lease().fencing_token() != fence => Err(LockLost::new(
+                    state.key.clone(),
+                    LostReason::TakenOver,
+                )
+                .with_detail(format!(
+                    "the keep found the key held anew under this token (fencing token {}, was \
+                     {fence}): the lease was ended meanwhile and a late try of its acquire took \
+                     the key again",
+                    state.lease().fencing_token()
+                ))),
                 other => other,
             };
             // Nothing is released on drop from here on: the service keeps

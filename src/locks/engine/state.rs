@@ -267,26 +267,11 @@ impl State {
             .map_or_else(Jumps::none, Jumps::watch)
     }
 
-    /// Takes a renewal. One answered with another fencing token renewed
-    /// another lease of this token: the held one was ended (force-released,
-    /// or lapsed) and a late try of its acquire took the key again. The
-    /// work since is not covered: lost, taken over (and that lease,
-    /// nobody's work, is released by whoever ends the hold).
+    /// Takes a renewal.
     pub(crate) fn renewed(&self, renewed: Measured) -> Result<(), LockLost> {
         let mut current = self.current();
         if let Some(failure) = &current.failure {
             return Err(failure.clone());
-        }
-        let (was, now) = (current.lease.fencing_token(), renewed.lease.fencing_token());
-        if now != was {
-            drop(current);
-            return Err(
-                LockLost::new(self.key.clone(), LostReason::TakenOver).with_detail(format!(
-                    "a renewal found the key held anew under this token (fencing token {now}, \
-                     was {was}): the lease was ended meanwhile (force-released, say) and a late \
-                     try of its acquire took the key again"
-                )),
-            );
         }
         current.deadline = deadline(&renewed, self.ttl, self.cap);
         current.lease = renewed.lease;
