@@ -274,25 +274,9 @@ impl Holding {
                 Err(lost) if lost.reason() == LostReason::NoSafeWindow => Ok(()),
                 other => other,
             };
-            // Renewed under another fencing token: another lease of this
-            // token, which a late try of the acquire took once the kept one
-            // was gone (force-released, say). The minimum asked for is not
-            // kept; that lease is released below (kept-minimums seed 152).
-            // (A guard's own renewals take such a lease as theirs: protocol
-            // scenarios 27 and 30.)
-            let kept = match kept {
-                Ok(()) if state.lease().fencing_token() != fence => Err(LockLost::new(
-                    state.key.clone(),
-                    LostReason::TakenOver,
-                )
-                .with_detail(format!(
-                    "the keep found the key held anew under this token (fencing token {}, was \
-                     {fence}): the lease was ended meanwhile and a late try of its acquire took \
-                     the key again",
-                    state.lease().fencing_token()
-                ))),
-                other => other,
-            };
+            // Renewed under another fencing token: not the minimum asked
+            // for (kept-minimums seed 152; see `State::taken_again`).
+            let kept = kept.and_then(|()| state.taken_again(fence).map_or(Ok(()), Err));
             // Nothing is released on drop from here on: the service keeps
             // the key until the expiry just set (or the last one, if the
             // renewal could not be made).

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use super::State;
+use crate::error::{LockLost, LostReason};
 
 /// When renewal requests of a hold may still land ([`State::renewal_sent`]).
 #[derive(Default, Clone, Copy)]
@@ -63,6 +64,25 @@ impl State {
         let in_flight = renewals.in_flight.map(late_by);
         let by = renewals.answered.max(in_flight)?;
         (by > tokio::time::Instant::now()).then_some(by)
+    }
+}
+
+impl State {
+    /// A keep that renewed under another fencing token than `fence`
+    /// renewed another lease of this token, which a late try of the
+    /// acquire took once the kept one was gone (force-released, say): the
+    /// minimum asked for is not kept, and that lease is the caller's to
+    /// release. (A guard's own renewals take such a lease as theirs:
+    /// protocol scenarios 27 and 30.)
+    pub(crate) fn taken_again(&self, fence: i64) -> Option<LockLost> {
+        let now = self.lease().fencing_token();
+        (now != fence).then(|| {
+            LockLost::new(self.key.clone(), LostReason::TakenOver).with_detail(format!(
+                "the keep found the key held anew under this token (fencing token {now}, was \
+                 {fence}): the lease was ended meanwhile and a late try of its acquire took the \
+                 key again"
+            ))
+        })
     }
 }
 
