@@ -549,6 +549,32 @@ async fn a_wait_ends_by_its_deadline_when_the_service_does_not_answer() {
     client.shutdown(Duration::from_secs(40)).await;
 }
 
+/// A wait for a permit sends no try after its deadline, its retry either:
+/// a wait of 0 s whose one try is answered 503 (after the deadline, as any
+/// answer is) does not retry it (volcano-sim --permits, seed 64: it did,
+/// 100 ms after the deadline).
+#[tokio::test]
+async fn a_wait_does_not_retry_a_try_past_its_deadline() {
+    let server = MockServer::start().await;
+    let client = mock_client(&server);
+    server.inject(Fault::status(503).on(Operation::Acquire));
+    let got = client
+        .locks()
+        .semaphore("pool", 1)
+        .acquire(TTL)
+        .wait(Duration::ZERO)
+        .await;
+    assert!(got.is_err(), "{got:?}");
+    let tries = server
+        .requests()
+        .iter()
+        .filter(|r| r.operation == Operation::Acquire)
+        .count();
+    assert_eq!(tries, 1, "tries sent by a wait of 0 s");
+    server.clear_faults();
+    client.shutdown(Duration::from_secs(5)).await;
+}
+
 /// Options a permit's hold would refuse are refused before the line: a
 /// `max_hold` under a second does not wait behind another waiter of the
 /// client to be refused, and one of exactly a second is taken.

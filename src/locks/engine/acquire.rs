@@ -130,6 +130,7 @@ pub(crate) async fn acquire(spec: Spec) -> Result<Measured> {
         options,
         reach,
         min_hold: _,
+        send_by,
     } = spec;
     let ttl_secs = validate::ttl(ttl)?;
     validate::key(&key)?;
@@ -166,7 +167,13 @@ pub(crate) async fn acquire(spec: Spec) -> Result<Measured> {
     };
     let started = std::time::Instant::now();
     let result = match options.wait {
-        None => one.once(wait::Window::default(), &mut undo, None).await,
+        None => {
+            let window = wait::Window {
+                send_by,
+                answer_by: None,
+            };
+            one.once(window, &mut undo, None).await
+        }
         Some(timeout) => {
             let poll = options.poll_interval.unwrap_or(DEFAULT_POLL);
             one.wait_for(wait::Waiter::new(timeout, poll), &mut undo)

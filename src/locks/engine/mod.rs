@@ -67,6 +67,9 @@ pub(crate) struct Spec {
     /// Keep the lock at least this long after it was handed over: its end
     /// is kept by the service ([`hold::Holding::finish`]).
     pub(crate) min_hold: Option<Duration>,
+    /// A try that does not wait sends no retry from this instant on: a
+    /// permit's try inside a wait for a permit, whose deadline it is.
+    pub(crate) send_by: Option<tokio::time::Instant>,
 }
 
 /// See [`Spec::reach`].
@@ -92,6 +95,7 @@ impl Spec {
             options,
             reach: None,
             min_hold: None,
+            send_by: None,
         }
     }
 }

@@ -322,6 +322,9 @@ async fn round(
         }
         let mut permit = Spec::new(&spec.locks, permit_key(&spec.name, i), spec.ttl, options);
         permit.min_hold = spec.min_hold;
+        // Nor does its retry (volcano-sim --permits, seed 64: a wait of
+        // 0 s retried 100 ms after its deadline).
+        permit.send_by = deadline;
         let result = hold::hold(permit, None).await;
         if let Some(seen) = memory.seen_held.get_mut(i as usize) {
             // Held: by another, or by this client now (its next waiter
