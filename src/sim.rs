@@ -187,6 +187,12 @@ pub fn at_risk_episodes(guard: &crate::LockGuard) -> u64 {
     guard.state.risk.episodes()
 }
 
+/// The semaphores (name, count) `client` remembers (see
+/// `engine/semaphore/memory.rs`), most recently used first.
+pub fn remembered_semaphores(client: &Client) -> Vec<(String, u32)> {
+    client.semaphores().remembered_names()
+}
+
 /// A lease clock on the runtime's clock: `advance` plays a suspend.
 pub fn lease_clock() -> LeaseClock {
     LeaseClock::runtime(None)

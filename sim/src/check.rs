@@ -118,6 +118,7 @@ pub(crate) fn all(
     thrift::thrifty(&run, out);
     thrift::quiet_while_spent(&run, out);
     thrift::looks_at_last_moments(&run, out);
+    thrift::one_more_per_interval(&run, out);
     renewal::renewed(&run, out);
     cadence::acquire_retries(&run, out);
     cadence::acquire_retried(&run, out);

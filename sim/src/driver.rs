@@ -85,8 +85,15 @@ impl Driver {
                 self.log.push_at(now, Event::Fault { what });
             }
         }
-        // About one fault every two seconds of simulated time.
-        if !open || !self.rng.random_bool(TICK.as_secs_f64() / 2.0) {
+        // About one fault every two seconds of simulated time; every six
+        // with observers in depth, whose checks judge undisturbed
+        // stretches of ten seconds or so.
+        let every = if self.options.depth == crate::Depth::Observers {
+            6.0
+        } else {
+            2.0
+        };
+        if !open || !self.rng.random_bool(TICK.as_secs_f64() / every) {
             return;
         }
         let client = self.rng.random_range(0..self.options.clients);

@@ -40,11 +40,32 @@ pub struct Options {
     /// The rate every client host's clock runs at against true time
     /// (`Some(0.96)`: 4 % slow); `None`: exactly.
     pub clock_rate: Option<f64>,
+    /// Which capability the programs drive in depth, beyond the mix.
+    pub depth: Depth,
+}
+
+/// A capability driven in depth: the default mix reaches its corners
+/// about once a seed, or never.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub enum Depth {
+    /// The default mix of operations.
+    #[default]
+    Mix,
     /// Kept minimums in depth: most holds keep a minimum (1 s to 19 s),
     /// end the moment a renewal goes out (held on its way, applied late)
-    /// and have their fix-up troubled (`release/late.rs`, `Kept`), which
-    /// the default mix reaches about once a seed.
-    pub kept_minimums: bool,
+    /// and have their fix-up troubled (`release/late.rs`, `Kept`).
+    KeptMinimums,
+    /// Observers in depth: the first program only observes, for 30 s to
+    /// 70 s each time, the slower observers every 20 s; the others hold,
+    /// renew, let lapse and take over the keys (leases of 5 s to 12 s,
+    /// work of up to 32 s), twice the steps; one fault every six seconds,
+    /// not two, for undisturbed stretches.
+    Observers,
+    /// Semaphores in depth: every scope takes a permit, and one program
+    /// in each run tries more one-off semaphores than a client remembers
+    /// (`semaphore/memory.rs`): what it keeps stays bounded, the most
+    /// recently used kept.
+    Permits,
 }
 
 impl Default for Options {
@@ -56,7 +77,7 @@ impl Default for Options {
             fault_window: Duration::from_secs(90),
             sabotage: Sabotage::None,
             clock_rate: None,
-            kept_minimums: false,
+            depth: Depth::Mix,
         }
     }
 }

@@ -9,7 +9,7 @@
 use std::io::IsTerminal;
 use std::process::ExitCode;
 
-use volcano_sim::{run, Options, Sabotage};
+use volcano_sim::{run, Depth, Options, Sabotage};
 
 struct Args {
     first: u64,
@@ -55,7 +55,9 @@ fn parse() -> Result<Args, String> {
             "--clients" => args.options.clients = number(value()?)? as usize,
             "--keys" => args.options.keys = number(value()?)?.max(1) as usize,
             "--steps" => args.options.steps = number(value()?)? as usize,
-            "--kept-minimums" => args.options.kept_minimums = true,
+            "--kept-minimums" => args.options.depth = Depth::KeptMinimums,
+            "--observers" => args.options.depth = Depth::Observers,
+            "--permits" => args.options.depth = Depth::Permits,
             "--clock-rate" => {
                 let rate: f64 = value()?.parse().map_err(|e| format!("--clock-rate: {e}"))?;
                 args.options.clock_rate = Some(rate);
@@ -103,7 +105,8 @@ fn parse() -> Result<Args, String> {
             "-h" | "--help" => {
                 return Err(
                     "usage: volcano-sim [--seeds N] [--from S] [--seed S --trace FILE] \
-                            [--clients N] [--keys N] [--steps N] [--sabotage NAME] [--each]"
+                            [--clients N] [--keys N] [--steps N] [--clock-rate R] \
+                            [--kept-minimums | --observers | --permits] [--sabotage NAME] [--each]"
                         .to_owned(),
                 )
             }

@@ -54,8 +54,8 @@ pub(crate) struct Program {
     pub(crate) clock: Arc<Mutex<Option<volcano::LeaseClock>>>,
     /// The rate the host's clock runs at (`None`: exactly).
     pub(crate) clock_rate: Option<f64>,
-    /// [`Options::kept_minimums`](crate::Options::kept_minimums).
-    pub(crate) kept_minimums: bool,
+    /// [`Options::depth`](crate::Options::depth).
+    pub(crate) depth: crate::Depth,
     /// The server, read directly (not over the network) once `shutdown`
     /// has returned.
     pub(crate) server: Arc<Mutex<Option<volcano_mock_server::MockServer>>>,
@@ -91,21 +91,32 @@ impl Program {
             self.server.clone(),
             requests.clone(),
         );
-        ctx.kept_minimums = self.kept_minimums;
-        for _ in 0..self.steps {
+        ctx.depth = self.depth;
+        if self.depth == crate::Depth::Permits && self.id == 0 {
+            ctx.forgets_idle_semaphores().await;
+        }
+        // Observers in depth: the others hold for as long as the first
+        // observes.
+        let steps = match self.depth {
+            crate::Depth::Observers if self.id > 0 => self.steps * 2,
+            _ => self.steps,
+        };
+        for _ in 0..steps {
             let key = self.keys[rng.random_range(0..self.keys.len())].clone();
             let ttl = Duration::from_secs(rng.random_range(5..=12));
             let op = Op::pick(rng.random_range(0..DRAWS));
-            // Kept minimums in depth: a hold in place of each scope and
-            // acquire by hand (leaders, sets, own tokens, force releases
-            // and observers stay, around them).
-            let op = match op {
-                Op::WithLock | Op::TryWithLock | Op::AcquireRenewRelease if self.kept_minimums => {
-                    Op::HoldShaped
-                }
-                op => op,
+            // Observers in depth: the first program only observes, the
+            // others hold, renew, let lapse and take over.
+            let op = match self.depth {
+                crate::Depth::Observers if self.id == 0 => Op::Observe,
+                depth => op.in_depth(depth),
             };
-            let work = Duration::from_millis(rng.random_range(0..8_000));
+            let mut work = Duration::from_millis(rng.random_range(0..8_000));
+            // Observers in depth: held long enough (up to 32 s) to be seen
+            // renewed from one regular look to the next.
+            if self.depth == crate::Depth::Observers && self.id > 0 {
+                work *= 4;
+            }
             // Some operations are abandoned: at a random time, or just
             // after one of their requests went out (where an outcome is
             // most often unknown).
@@ -117,7 +128,10 @@ impl Program {
             });
             let coin: u64 = rng.random();
             // How long this operation waits for a held key, if it does.
-            if let Some(wait) = op.waits(coin, work).filter(|_| !op.takes_a_permit(coin)) {
+            if let Some(wait) = op
+                .waits(coin, work)
+                .filter(|_| !op.takes_a_permit(coin, self.depth))
+            {
                 let until = turmoil::sim_elapsed().unwrap_or_default() + wait;
                 self.log.push(Event::Waits {
                     client: self.id,

@@ -83,7 +83,7 @@ impl World {
                 senders: self.senders.clone(),
                 clock,
                 clock_rate: options.clock_rate,
-                kept_minimums: options.kept_minimums,
+                depth: options.depth,
                 server: self.server.clone(),
             };
             let program = std::cell::RefCell::new(Some(program));

@@ -347,7 +347,8 @@ pub(super) fn acquire_retried(run: &Run<'_>, out: &mut Vec<String>) {
 
 /// The deadline of the wait attempt `a` belongs to, if it waits: its
 /// operation's (the client's latest `Waits` before it was sent, on its
-/// key or for a set, in the same operation), or its own when it waits
+/// key or for a set, or `PermitWait` of its semaphore, in the same
+/// operation), or its own when it waits
 /// behind another task of its client.
 fn wait_deadline(run: &Run<'_>, a: &Attempt) -> Option<Duration> {
     let mut deadline = None;
@@ -363,6 +364,19 @@ fn wait_deadline(run: &Run<'_>, a: &Attempt) -> Option<Duration> {
                 how,
                 ..
             } if *client == a.client && (*key == a.key || *how == Waiting::Set) => {
+                deadline = Some(*until);
+            }
+            // A wait for a permit: its tries of the semaphore's keys.
+            Event::PermitWait {
+                client,
+                name,
+                until,
+                ..
+            } if *client == a.client
+                && a.key
+                    .strip_prefix(name.as_str())
+                    .is_some_and(|rest| rest.starts_with(':')) =>
+            {
                 deadline = Some(*until);
             }
             Event::StepEnded { client } if *client == a.client => deadline = None,

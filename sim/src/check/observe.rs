@@ -167,7 +167,9 @@ pub(super) fn told_right(run: &Run<'_>, out: &mut Vec<String>) {
 }
 
 /// Whether anything renewed, released, force-released or acquired `key`
-/// on the server strictly between `after` and `before` (server clock).
+/// on the server from `after` (a look's instant: a release handled in
+/// the same millisecond after the look counts; observers seed 86) until
+/// strictly before `before` (server clock).
 pub(super) fn lease_moved(
     journal: &[volcano_mock_server::RecordedRequest],
     key: &str,
@@ -176,7 +178,7 @@ pub(super) fn lease_moved(
 ) -> bool {
     journal.iter().any(|r| {
         r.key == key
-            && r.at > after
+            && r.at >= after
             && r.at < before
             && matches!(
                 (r.operation, r.status),

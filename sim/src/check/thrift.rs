@@ -13,6 +13,8 @@
 use std::collections::BTreeMap;
 use std::time::Duration;
 
+use chrono::{DateTime, TimeDelta, Utc};
+
 use volcano_mock_server::Operation;
 
 use super::observe::{looks_in, windows};
@@ -251,6 +253,73 @@ pub(super) fn quiet_while_spent(run: &Run<'_>, out: &mut Vec<String>) {
                     look.sent
                 ));
                 break;
+            }
+        }
+    }
+}
+
+/// A lease a look showed: its fence, its expiry, and whether that look
+/// saw it when it could no longer be renewed (its `Date`, whole seconds,
+/// a second or less before its expiry, or after it).
+fn shown_lease(run: &Run<'_>, look: &crate::net::Attempt) -> Option<(i64, DateTime<Utc>, bool)> {
+    let r = run.server.journal.iter().find(|r| {
+        r.request_id.as_deref() == Some(look.request_id.as_str())
+            && r.operation == Operation::Get
+            && r.status == Some(200)
+    })?;
+    let (fence, expires) = r.fencing_token.zip(r.expires_at)?;
+    let date = DateTime::from_timestamp(r.at.timestamp(), 0)?;
+    Some((fence, expires, date + TimeDelta::seconds(1) >= expires))
+}
+
+/// A holder that renews within each poll interval costs its observer at
+/// most one look more per interval, two when the first came too early
+/// (`observe.rs`, `special_spent`, `retried_early`; the guide's "quota
+/// and cadence"): between two regular looks (nine tenths of the poll
+/// interval or more after the answer before), the looks off the cadence
+/// that found the lease the look before showed, renewed or as it was,
+/// are one; two when the first found it as it was before its last
+/// second (too early). A look after one that saw the lease in its last
+/// second is the one as it frees, and a lease taken over or freed is
+/// news: neither is counted. Judged on exact clocks, not across a jump
+/// of the server's clock.
+pub(super) fn one_more_per_interval(run: &Run<'_>, out: &mut Vec<String>) {
+    if run.clock_rate != 1.0 {
+        return;
+    }
+    for w in windows(run) {
+        let looks = looks_in(run, &w);
+        // Off the cadence since the last regular look: looks that found
+        // the same lease, and how many are allowed.
+        let (mut spent, mut allowed) = (0, 1);
+        for (n, pair) in looks.windows(2).enumerate() {
+            let (prev, look) = (pair[0], pair[1]);
+            let since = looks[n.saturating_sub(1)].sent.saturating_sub(w.poll);
+            let answered = prev.answer.as_ref().filter(|a| a.status == 200);
+            let regular = answered.is_none_or(|a| look.sent + SOON >= a.at + w.poll.mul_f64(0.9));
+            if regular || run.jumped_within(since, look.sent) {
+                (spent, allowed) = (0, 1);
+                continue;
+            }
+            let (Some(before), Some(found)) = (shown_lease(run, prev), shown_lease(run, look))
+            else {
+                continue;
+            };
+            // News, or the look as a lease seen final frees.
+            if before.0 != found.0 || before.2 {
+                continue;
+            }
+            spent += 1;
+            if spent == 1 && found.1 == before.1 && !found.2 {
+                allowed = 2;
+            }
+            if spent > allowed {
+                out.push(format!(
+                    "observe: client {} looked at {} at {:?} (poll {:?}), the look number {spent} \
+                     off its cadence since its last regular one to find fence {} renewed or as \
+                     it was (at most {allowed})",
+                    w.client, w.key, look.sent, w.poll, found.0
+                ));
             }
         }
     }

@@ -46,8 +46,8 @@ pub(super) struct Ctx {
     pub(super) server: Arc<Mutex<Option<volcano_mock_server::MockServer>>>,
     /// Counts the lock requests this client has sent.
     pub(super) requests: tokio::sync::watch::Receiver<u64>,
-    /// [`Options::kept_minimums`](crate::Options::kept_minimums).
-    pub(super) kept_minimums: bool,
+    /// [`Options::depth`](crate::Options::depth).
+    pub(super) depth: crate::Depth,
 }
 
 impl Ctx {
@@ -69,7 +69,7 @@ impl Ctx {
             ttl_ms: Default::default(),
             server,
             requests,
-            kept_minimums: false,
+            depth: crate::Depth::Mix,
         }
     }
 
@@ -382,4 +382,11 @@ async fn futures_any<F: Future<Output = ()> + Unpin>(futures: impl Iterator<Item
         std::task::Poll::Pending
     })
     .await;
+}
+
+impl Ctx {
+    /// Kept minimums in depth ([`crate::Depth::KeptMinimums`]).
+    pub(super) fn kept_minimums(&self) -> bool {
+        self.depth == crate::Depth::KeptMinimums
+    }
 }

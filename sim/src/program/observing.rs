@@ -31,7 +31,16 @@ impl Ctx {
     /// twin's first looks are answered 429 (a window of 1 s): the client's
     /// quota is spent, and the first observer must keep quiet too.
     pub(super) async fn observe(&self, key: &str, work: Duration, coin: u64) {
-        let (span, poll) = (campaign(work), poll_for(coin));
+        let (mut span, mut poll) = (campaign(work), poll_for(coin));
+        // Observers in depth watch long enough to see leases through, and
+        // the slow ones look every 20 s: the leases they see (5 s to 12 s)
+        // have their last moments within each interval.
+        if self.depth == crate::Depth::Observers {
+            span = Duration::from_secs(30) + span * 5 / 3;
+            if poll == Duration::from_secs(10) {
+                poll = Duration::from_secs(20);
+            }
+        }
         if coin % 8 == 5 {
             self.observe_edges(key).await;
         }
@@ -104,15 +113,26 @@ impl Ctx {
                     });
                     last = Some(change.state().clone());
                     ended_by = None;
+                    if changes.is_ended() {
+                        self.broken(format!("observe {key}: is_ended() after a change"));
+                    }
                 }
                 Some(Err(err)) => {
-                    ended_by = Some(matches!(
+                    let refused = matches!(
                         err,
                         Error::Validation(_)
                             | Error::Authentication(_)
                             | Error::NotFound(_)
                             | Error::InvalidArgument(_)
-                    ));
+                    );
+                    ended_by = Some(refused);
+                    // Ended exactly by a refusal.
+                    if changes.is_ended() != refused {
+                        self.broken(format!(
+                            "observe {key}: after {err}, is_ended() is {}",
+                            changes.is_ended()
+                        ));
+                    }
                     self.note(format!("observe {key}: {err}"));
                 }
                 // The stream ends only after a failure another look
@@ -139,7 +159,7 @@ impl Ctx {
             .observe(key)
             .poll_interval(least - Duration::from_millis(1));
         match short.next().await {
-            Some(Err(Error::InvalidArgument(_))) => {}
+            Some(Err(Error::InvalidArgument(_))) if short.is_ended() => {}
             other => self.broken(format!(
                 "observe {key} with a 99 ms poll interval: the first item is {:?}",
                 other.map(|item| item.map(|change| change.kind()))

@@ -11,6 +11,7 @@ use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 
 use crate::log::Waiting;
+use crate::Depth;
 
 /// One operation of a program, each through the real SDK.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -87,9 +88,31 @@ impl Op {
     }
 
     /// A `with_lock` that takes a permit of a semaphore instead (a quarter
-    /// of them): it waits for a permit, not for its key.
-    pub(super) fn takes_a_permit(self, coin: u64) -> bool {
-        matches!(self, Op::WithLock) && one_in(coin >> 37, 4)
+    /// of them, every one in [`Depth::Permits`]): it waits for a permit,
+    /// not for its key.
+    pub(super) fn takes_a_permit(self, coin: u64, depth: Depth) -> bool {
+        matches!(self, Op::WithLock) && (depth == Depth::Permits || one_in(coin >> 37, 4))
+    }
+
+    /// The operation a run in `depth` does in place of this one.
+    /// - Kept minimums: a hold in place of each scope and acquire by hand
+    ///   (leaders, sets, own tokens, force releases and observers stay,
+    ///   around them).
+    /// - Observers: as the mix (the first program only observes: see
+    ///   `Program::run`).
+    /// - Permits: a permit in place of each scope, hold and acquire by
+    ///   hand (leaders, sets, own tokens, force releases and observers
+    ///   stay).
+    pub(super) fn in_depth(self, depth: Depth) -> Op {
+        match (depth, self) {
+            (Depth::KeptMinimums, Op::WithLock | Op::TryWithLock | Op::AcquireRenewRelease) => {
+                Op::HoldShaped
+            }
+            (Depth::Permits, Op::HoldShaped | Op::TryWithLock | Op::AcquireRenewRelease) => {
+                Op::WithLock
+            }
+            (_, op) => op,
+        }
     }
 
     /// How long the operation waits for a held key, if it does: the coin

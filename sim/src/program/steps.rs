@@ -6,6 +6,7 @@
 //! The `try_with_lock` scope (a minimum hold, a takeover, bad input) is in
 //! `steps/try_scope.rs`.
 
+mod forgets;
 mod let_go;
 mod permits;
 mod try_scope;
@@ -62,7 +63,7 @@ impl Ctx {
         // Those that end on a renewal held on its way
         // ([`Ctx::end_on_a_held_renewal`], the same bit) keep 10 s more:
         // the renewal's window then closes before the minimum's end.
-        let min_hold = if self.kept_minimums {
+        let min_hold = if self.kept_minimums() {
             Some(Duration::from_millis(1_000 + (coin >> 40) % 18_000))
         } else {
             min_hold_for(coin)
@@ -75,7 +76,7 @@ impl Ctx {
                     }
                 })
         };
-        if self.kept_minimums && one_in(coin >> 33, 3) {
+        if self.kept_minimums() && one_in(coin >> 33, 3) {
             self.acquire_late(key, coin);
         }
         match self.shaped_hold(key, ttl, wait, coin, min_hold).await {
@@ -117,7 +118,7 @@ impl Ctx {
     /// Works inside a `with_lock` scope.
     async fn with_lock(&self, key: &str, ttl: Duration, wait: Duration, work: Duration, coin: u64) {
         // A quarter of them take a permit of a semaphore of two instead.
-        if Op::WithLock.takes_a_permit(coin) {
+        if Op::WithLock.takes_a_permit(coin, self.depth) {
             return self.with_permit(key, ttl, wait, work, coin).await;
         }
         let scope = self.locks.with_lock(key, ttl, |guard| async move {

@@ -24,12 +24,12 @@ impl Ctx {
         coin: u64,
     ) {
         let key = held.key().to_owned();
-        if one_in(coin >> 60, 3) && !self.kept_minimums {
+        if one_in(coin >> 60, 3) && !self.kept_minimums() {
             let released = held.release_now().await;
             return self.released(&key, released);
         }
         let guard = (*held).clone();
-        let late_renewal = one_in(coin >> 46, 2) || self.kept_minimums;
+        let late_renewal = one_in(coin >> 46, 2) || self.kept_minimums();
         if late_renewal {
             self.end_on_a_held_renewal(&key, guard.ttl(), coin).await;
         }

@@ -218,21 +218,33 @@ impl Ctx {
                 self.kept(lease.key(), Some(lease.fencing_token()));
             }
         }
-        let waiting = semaphore.acquire(ttl).wait(wait).poll_interval(poll).send();
+        // Believed the moment the wait returns, not once the others end.
+        let waiting = async {
+            let acquired = semaphore
+                .acquire(ttl)
+                .wait(wait)
+                .poll_interval(poll)
+                .send()
+                .await;
+            let ended = acquired.as_ref().ok().map(|held| self.believe(held));
+            (acquired, ended)
+        };
         let freeing = async {
             let Some(lease) = freed else { return };
             tokio::time::sleep(freed_after).await;
             self.release_by_hand(lease).await;
         };
-        let (acquired, (), ()) = tokio::join!(waiting, freeing, self.spend_quota(&name, coin));
+        let ((acquired, ended), (), ()) =
+            tokio::join!(waiting, freeing, self.spend_quota(&name, coin));
         self.permit_wait_ended(&acquired);
         match acquired {
             Ok(held) => {
-                let ended = self.believe(&held);
                 self.work(&[&*held], Duration::from_millis(300)).await;
                 let permit = held.key().to_owned();
                 self.released(&permit, held.release().await);
-                ended.await;
+                if let Some(ended) = ended {
+                    ended.await;
+                }
             }
             Err(err) => self.failed(&format!("acquire a permit of {name}"), &err),
         }
