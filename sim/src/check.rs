@@ -88,6 +88,7 @@ pub(crate) fn all(
     leaks::reported_at_shutdown(&run, out);
     minimum::kept_by_the_service(&run, out);
     fixup::fix_up_spends_little(&run, out);
+    fixup::fix_up_releases_only_what_may_land(&run, out);
     leader::drains(&run, out);
     semaphore::within_count(&run, out);
     semaphore::waits_end_by_their_deadline(&run, out);
