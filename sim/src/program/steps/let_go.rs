@@ -52,6 +52,14 @@ impl Ctx {
             Err(err) => (Err(err), None),
         };
         if !asked {
+            // Past its minimum and still held: released now, and said to
+            // have passed (a release that failed says nothing).
+            let held = guard.failure().map(|lost| lost.reason()) == Some(LostReason::Released);
+            if left.is_zero() && held && reported.is_some_and(|r| r != MinHold::Passed) {
+                self.broken(format!(
+                    "release_reporting of {key} past its minimum of {min:?} said {reported:?}"
+                ));
+            }
             return self.released(&key, released);
         }
         let kept = reported == Some(MinHold::Kept)
