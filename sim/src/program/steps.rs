@@ -202,6 +202,13 @@ impl Ctx {
             drop(held);
         } else {
             let key = held.key().to_owned();
+            // Observers in depth: these holders find their key
+            // force-released (as an operator would) the moment before they
+            // release it: the release must say the lock was taken over
+            // (`check::truth::takeovers`), and observers see the release.
+            if self.depth == crate::Depth::Observers {
+                self.force_release(key.clone()).await;
+            }
             self.released(&key, held.release().await);
         }
         ended.await;
