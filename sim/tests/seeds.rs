@@ -42,14 +42,7 @@ fn a_fleet_of_sixteen_on_one_quota_runs_clean() {
         clients: 16,
         ..Options::default()
     };
-    for seed in 0..50 {
-        let outcome = run(seed, &options);
-        assert!(
-            outcome.violations.is_empty(),
-            "seed {seed}: {:#?}\nreplay: cargo run --release -- --seed {seed} --clients 16 --trace sim-{seed}.log (from sim/)",
-            outcome.violations
-        );
-    }
+    runs_clean(&options, 0..50, "--clients 16");
 }
 
 /// Kept minimums in depth: most holds keep a minimum and end the moment
@@ -65,14 +58,7 @@ fn kept_minimums_under_trouble_run_clean() {
         depth: Depth::KeptMinimums,
         ..Options::default()
     };
-    for seed in 0..100 {
-        let outcome = run(seed, &options);
-        assert!(
-            outcome.violations.is_empty(),
-            "seed {seed}: {:#?}\nreplay: cargo run --release -- --seed {seed} --kept-minimums --trace sim-{seed}.log (from sim/)",
-            outcome.violations
-        );
-    }
+    runs_clean(&options, 0..100, "--kept-minimums");
 }
 
 /// Observers in depth: one program observes the keys the others hold,
@@ -88,14 +74,7 @@ fn observers_in_depth_run_clean() {
         depth: Depth::Observers,
         ..Options::default()
     };
-    for seed in 0..40 {
-        let outcome = run(seed, &options);
-        assert!(
-            outcome.violations.is_empty(),
-            "seed {seed}: {:#?}\nreplay: cargo run --release -- --seed {seed} --observers --trace sim-{seed}.log (from sim/)",
-            outcome.violations
-        );
-    }
+    runs_clean(&options, 0..40, "--observers");
 }
 
 /// Semaphores in depth: every scope takes a permit, and one program tries
@@ -108,14 +87,7 @@ fn permits_in_depth_run_clean() {
         depth: Depth::Permits,
         ..Options::default()
     };
-    for seed in 0..60 {
-        let outcome = run(seed, &options);
-        assert!(
-            outcome.violations.is_empty(),
-            "seed {seed}: {:#?}\nreplay: cargo run --release -- --seed {seed} --permits --trace sim-{seed}.log (from sim/)",
-            outcome.violations
-        );
-    }
+    runs_clean(&options, 0..60, "--permits");
 }
 
 #[test]
@@ -137,6 +109,18 @@ fn a_seed_replays_byte_for_byte() {
         );
     }
     assert_ne!(run(3, &options).trace, run(4, &options).trace);
+}
+
+/// Every seed of `seeds` runs without a violation; `flags` replay one.
+fn runs_clean(options: &Options, seeds: std::ops::Range<u64>, flags: &str) {
+    for seed in seeds {
+        let outcome = run(seed, options);
+        assert!(
+            outcome.violations.is_empty(),
+            "seed {seed}: {:#?}\nreplay: cargo run --release -- --seed {seed} {flags} --trace sim-{seed}.log (from sim/)",
+            outcome.violations
+        );
+    }
 }
 
 fn first_found(sabotage: Sabotage) -> Option<(u64, String)> {
