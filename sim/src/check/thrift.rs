@@ -305,8 +305,13 @@ pub(super) fn one_more_per_interval(run: &Run<'_>, out: &mut Vec<String>) {
             else {
                 continue;
             };
-            // News, or the look as a lease seen final frees.
-            if before.0 != found.0 || before.2 {
+            // News: a new lease's last moments get their own looks.
+            if before.0 != found.0 {
+                (spent, allowed) = (0, 1);
+                continue;
+            }
+            // The look as a lease seen final frees.
+            if before.2 {
                 continue;
             }
             spent += 1;

@@ -291,9 +291,12 @@ pub(super) fn takeovers(run: &Run<'_>, out: &mut Vec<String>) {
                         if *client == b.client && *key == b.key && *fence == b.fence && why == "Released")
             })
         };
+        // (Its lease's: a release by hand of another lease of the key may
+        // go at that moment too, permits seed 757.)
         let belief = run.beliefs.iter().find(|b| {
             b.client == a.client
                 && b.key == a.key
+                && run.token_of(&b.key, b.fence) == a.token.as_deref()
                 && b.to <= a.sent
                 && b.to + Duration::from_millis(60) >= a.sent
                 && ended_released(b)
