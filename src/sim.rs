@@ -188,7 +188,7 @@ pub fn at_risk_episodes(guard: &crate::LockGuard) -> u64 {
 }
 
 /// The semaphores (name, count) `client` remembers (see
-/// `engine/semaphore/memory.rs`), most recently used first.
+/// `engine/semaphore/memory.rs`), in no particular order.
 pub fn remembered_semaphores(client: &Client) -> Vec<(String, u32)> {
     client.semaphores().remembered_names()
 }

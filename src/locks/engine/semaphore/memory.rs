@@ -111,17 +111,14 @@ impl Semaphores {
         crate::lock_unpoisoned(&self.by_name).len()
     }
 
-    /// The semaphores this client remembers, most recently used first
-    /// (for the simulation's checks).
+    /// The semaphores this client remembers, in no particular order (for
+    /// the simulation's checks).
     #[cfg(feature = "sim")]
     pub(crate) fn remembered_names(&self) -> Vec<(String, u32)> {
-        let by_name = crate::lock_unpoisoned(&self.by_name);
-        let mut names: Vec<_> = by_name
-            .iter()
-            .map(|(name, entry)| (name.clone(), *crate::lock_unpoisoned(&entry.used)))
-            .collect();
-        names.sort_by_key(|(_, used)| std::cmp::Reverse(*used));
-        names.into_iter().map(|(name, _)| name).collect()
+        crate::lock_unpoisoned(&self.by_name)
+            .keys()
+            .cloned()
+            .collect()
     }
 }
 
