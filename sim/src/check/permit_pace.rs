@@ -132,6 +132,35 @@ fn freed_by_itself(
     })
 }
 
+/// Whether the wait's client freed a permit itself (a release or force
+/// release answered) by `to` and after the wait's last attempt on that
+/// permit before `to` (after the wait began, if it never tried it): news
+/// the wait acts on at once. One freed before an attempt on it went is
+/// no news (permits seed 648: a try's undo answered before the next
+/// round's retry).
+fn news_to_the_wait(run: &Run<'_>, w: &Wait<'_>, to: Duration) -> bool {
+    let prefix = format!("{}:", w.name);
+    let last_tried = |key: &str| {
+        w.requests
+            .iter()
+            .filter(|(first, _)| first.key == key)
+            .map(|(_, last)| last.sent)
+            .filter(|&sent| sent < to)
+            .max()
+            .unwrap_or(w.began)
+    };
+    run.server.sent.attempts.iter().any(|a| {
+        a.answer.as_ref().is_some_and(|o| {
+            a.client == w.client
+                && matches!(a.operation, Operation::Release | Operation::ForceRelease)
+                && a.key.starts_with(&prefix)
+                && o.status == 204
+                && o.at <= to
+                && o.at > last_tried(&a.key)
+        })
+    })
+}
+
 /// Whether the stretch is not judged: a fault touched the client's host,
 /// or a 429 to any of its requests asked for quiet within it.
 fn excused(run: &Run<'_>, w: &Wait<'_>, from: Duration, to: Duration) -> bool {
@@ -165,10 +194,10 @@ pub(super) fn permit_waits_paced(run: &Run<'_>, out: &mut Vec<String>) {
             let step = step(t.saturating_sub(w.began), w.poll);
             let due = (t + step).min(last_call);
             let soonest = (t + step.mul_f64(0.9)).min(last_call).saturating_sub(SOON);
-            // Freed by its own client since the round's try went (also
-            // while it was in flight: 16-client seed 11), the permit is
-            // tried at once.
-            let woken = freed_by_itself(run, w.client, w.name, before.sent, next.sent).is_some();
+            // Freed by its own client since the wait last tried it (also
+            // while that try was in flight: 16-client seed 11), the
+            // permit is tried at once.
+            let woken = news_to_the_wait(run, &w, next.sent);
             if (next.sent < soonest && !woken) || next.sent > due + LATE {
                 out.push(format!(
                     "permit wait off its ramp: client {}'s wait for {} (poll {:?}, from {:?}) had \

@@ -131,6 +131,7 @@ pub(crate) async fn acquire(spec: Spec) -> Result<Measured> {
         reach,
         min_hold: _,
         send_by,
+        on_retry,
     } = spec;
     let ttl_secs = validate::ttl(ttl)?;
     validate::key(&key)?;
@@ -172,7 +173,8 @@ pub(crate) async fn acquire(spec: Spec) -> Result<Measured> {
                 send_by,
                 answer_by: None,
             };
-            one.once(window, &mut undo, None).await
+            let on_retry = on_retry.as_deref().map(|f| f as &(dyn Fn() + Sync));
+            one.once(window, &mut undo, on_retry).await
         }
         Some(timeout) => {
             let poll = options.poll_interval.unwrap_or(DEFAULT_POLL);

@@ -70,7 +70,13 @@ pub(crate) struct Spec {
     /// A try that does not wait sends no retry from this instant on: a
     /// permit's try inside a wait for a permit, whose deadline it is.
     pub(crate) send_by: Option<tokio::time::Instant>,
+    /// Told when the transport's retry of a try that does not wait goes
+    /// (a permit's try: its round learns what the retry came after).
+    pub(crate) on_retry: Option<OnRetry>,
 }
+
+/// See [`Spec::on_retry`].
+pub(crate) type OnRetry = std::sync::Arc<dyn Fn() + Send + Sync>;
 
 /// See [`Spec::reach`].
 pub(crate) type Reach = std::sync::Arc<dyn Fn(Option<tokio::time::Instant>) + Send + Sync>;
@@ -96,6 +102,7 @@ impl Spec {
             reach: None,
             min_hold: None,
             send_by: None,
+            on_retry: None,
         }
     }
 }

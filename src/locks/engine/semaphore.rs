@@ -25,6 +25,8 @@
 //! rotation finds a permit freed by a release or an expiry within as many
 //! rounds as there are permits.
 
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -151,7 +153,18 @@ async fn taking(
     };
     let Some(mut remembered) = line.await else {
         let mut own = Memory::new(spec.permits);
-        return match round(spec, &mut own, &[], start, first_round, deadline).await {
+        let mut tried = Tried::default();
+        return match round(
+            spec,
+            &mut own,
+            &[],
+            &mut tried,
+            start,
+            first_round,
+            deadline,
+        )
+        .await
+        {
             Ok(held) => Ok(held),
             Err((err, _)) => Err(err),
         };
@@ -161,11 +174,31 @@ async fn taking(
     loop {
         woken.borrow_and_update();
         let freed = entry.take_freed(&mut remembered);
-        let last = match round(spec, &mut remembered, &freed, start, per_round, deadline).await {
+        let mut tried = Tried {
+            count: Some(woken.clone()),
+            ..Tried::default()
+        };
+        let took = round(
+            spec,
+            &mut remembered,
+            &freed,
+            &mut tried,
+            start,
+            per_round,
+            deadline,
+        );
+        let last = match took.await {
             Ok(held) => return Ok(held),
             Err((err, false)) => return Err(err),
             Err((err, true)) => err,
         };
+        // A permit this client freed during the round ends the pause,
+        // unless the round tried it after (marked seen and read in this
+        // order: one freed in between is still news).
+        woken.borrow_and_update();
+        if entry.news_to(&tried.permits) {
+            woken.mark_changed();
+        }
         per_round = 1;
         let Some(by) = deadline else {
             return Err(last);
@@ -274,6 +307,15 @@ fn room_for_a_try(left: Duration) -> bool {
     left >= crate::retry::MIN_ATTEMPT * 2
 }
 
+/// The permits a round tried, each with the count of its client's
+/// releases on the semaphore (`count`, when it has a line) as its last
+/// attempt went.
+#[derive(Default)]
+struct Tried {
+    count: Option<tokio::sync::watch::Receiver<u64>>,
+    permits: Vec<(u32, u64)>,
+}
+
 /// One round: `per_round` permits, those this client freed itself first,
 /// then those it saw held longest ago (never seen held before any), from
 /// its spread on. `Err((err,
@@ -284,6 +326,7 @@ async fn round(
     spec: &PermitSpec,
     memory: &mut Memory,
     freed: &[u32],
+    tried: &mut Tried,
     start: u64,
     per_round: usize,
     deadline: Option<Instant>,
@@ -325,7 +368,18 @@ async fn round(
         // Nor does its retry (volcano-sim --permits, seed 64: a wait of
         // 0 s retried 100 ms after its deadline).
         permit.send_by = deadline;
+        let at = tried.count.clone().map(|count| {
+            let at = Arc::new(AtomicU64::new(*count.borrow()));
+            let noted = at.clone();
+            permit.on_retry = Some(Arc::new(move || {
+                noted.store(*count.borrow(), Ordering::Relaxed);
+            }));
+            at
+        });
         let result = hold::hold(permit, None).await;
+        if let Some(at) = at {
+            tried.permits.push((i, at.load(Ordering::Relaxed)));
+        }
         if let Some(seen) = memory.seen_held.get_mut(i as usize) {
             // Held: by another, or by this client now (its next waiter
             // starts elsewhere).

@@ -35,9 +35,10 @@ impl Memory {
 pub(super) struct Entry {
     pub(super) line: tokio::sync::Mutex<Memory>,
     /// Permits this client released (or force-released) since they were
-    /// last taken into account, and a count of such releases to wake the
-    /// first waiter from its pause.
-    freed: Mutex<Vec<u32>>,
+    /// last taken into account, each with the count of such releases once
+    /// it was counted (`woken`, which wakes the first waiter from its
+    /// pause).
+    freed: Mutex<Vec<(u32, u64)>>,
     pub(super) woken: tokio::sync::watch::Sender<u64>,
     /// When a try or wait last began or ended on it.
     used: Mutex<Instant>,
@@ -52,12 +53,24 @@ impl Entry {
     /// held (the first waiter tries them first).
     pub(super) fn take_freed(&self, memory: &mut Memory) -> Vec<u32> {
         let freed = std::mem::take(&mut *crate::lock_unpoisoned(&self.freed));
-        for &i in &freed {
+        for &(i, _) in &freed {
             if let Some(seen) = memory.seen_held.get_mut(i as usize) {
                 *seen = None;
             }
         }
-        freed
+        freed.into_iter().map(|(i, _)| i).collect()
+    }
+
+    /// Whether a permit freed since the round began is news to the round
+    /// that tried `tried` (each permit with the count of releases when its
+    /// last attempt went): freed after that attempt, or not tried. One
+    /// freed before it was tried after it, and found as it was then (a
+    /// try's undo answered before its next round's retry: `volcano-sim
+    /// --permits`, seed 648).
+    pub(super) fn news_to(&self, tried: &[(u32, u64)]) -> bool {
+        crate::lock_unpoisoned(&self.freed)
+            .iter()
+            .any(|&(i, count)| !tried.iter().any(|&(permit, at)| permit == i && at >= count))
     }
 }
 
@@ -100,8 +113,13 @@ impl Semaphores {
         let by_name = crate::lock_unpoisoned(&self.by_name);
         for ((_, permits), entry) in by_name.iter().filter(|((n, p), _)| n == name && i < *p) {
             debug_assert!(i < *permits);
-            crate::lock_unpoisoned(&entry.freed).push(i);
-            entry.woken.send_modify(|n| *n = n.wrapping_add(1));
+            let mut freed = crate::lock_unpoisoned(&entry.freed);
+            let mut count = 0;
+            entry.woken.send_modify(|n| {
+                *n = n.wrapping_add(1);
+                count = *n;
+            });
+            freed.push((i, count));
         }
     }
 
@@ -210,7 +228,11 @@ mod tests {
         semaphores.freed("pool-b"); // not a permit's key
         semaphores.freed("nightly-report");
         assert!(woken.has_changed().unwrap());
-        woken.borrow_and_update();
+        let count = *woken.borrow_and_update();
+        // Tried after it was freed: no news; before, or not tried: news.
+        assert!(!pool.news_to(&[(1, 0), (2, count)]));
+        assert!(pool.news_to(&[(2, count - 1)]));
+        assert!(pool.news_to(&[(1, count)]));
         let mut memory = Memory::new(4);
         memory.seen_held[2] = Some(Instant::now());
         assert_eq!(pool.take_freed(&mut memory), [2]);
