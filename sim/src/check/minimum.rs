@@ -335,6 +335,13 @@ fn answered_after(run: &Run<'_>, token: &str, from: Duration, end: Duration) -> 
     })
 }
 
+/// Whether a release of `token` was sent by `by`.
+fn released_by(run: &Run<'_>, token: &str, by: Duration) -> bool {
+    run.server.sent.attempts.iter().any(|a| {
+        a.operation == Operation::Release && a.token.as_deref() == Some(token) && a.sent <= by
+    })
+}
+
 /// A kept minimum under a `max_hold` never outlives the cap: the keep
 /// asks for no more than the cap's whole seconds left, and with less than
 /// the shortest lease left of it the lease is released instead.
@@ -369,6 +376,13 @@ pub(super) fn kept_within_the_cap(run: &Run<'_>, out: &mut Vec<String>) {
             continue;
         }
         let latest = *cap_until + end.transit + Duration::from_millis(2);
+        // Released by the cap, the release late on the network: the lease
+        // lasted as a request before the keep left it (observers seed
+        // 168: a release held 5.6 s in a link).
+        let set_before = end.set_by.is_none_or(|s| s.sent < e.at);
+        if set_before && released_by(run, token, *cap_until) {
+            continue;
+        }
         if end.at > latest {
             out.push(format!(
                 "min_hold past max_hold: client {client}'s lease on {key} (fence {fence}) was \
