@@ -74,20 +74,24 @@ fn observers_in_depth_run_clean() {
         depth: Depth::Observers,
         ..Options::default()
     };
-    runs_clean(&options, 0..40, "--observers");
+    // And 168, which found a check too strict (a capped keep's release
+    // held in the network is no keep past the cap).
+    runs_clean(&options, (0..40).chain([168]), "--observers");
 }
 
 /// Semaphores in depth: every scope takes a permit, and one program tries
 /// more one-off semaphores than its client remembers, which must keep
 /// exactly the most recently used. 300 seeds found an SDK defect (64: a
-/// wait of 0 s retried its try after its deadline).
+/// wait of 0 s retried its try after its deadline), 1,000 another.
 #[test]
 fn permits_in_depth_run_clean() {
     let options = Options {
         depth: Depth::Permits,
         ..Options::default()
     };
-    runs_clean(&options, 0..60, "--permits");
+    // And 648, which found a second (a try's undo answered before the
+    // next round's retry woke the wait at once).
+    runs_clean(&options, (0..60).chain([648]), "--permits");
 }
 
 #[test]
@@ -112,7 +116,7 @@ fn a_seed_replays_byte_for_byte() {
 }
 
 /// Every seed of `seeds` runs without a violation; `flags` replay one.
-fn runs_clean(options: &Options, seeds: std::ops::Range<u64>, flags: &str) {
+fn runs_clean(options: &Options, seeds: impl IntoIterator<Item = u64>, flags: &str) {
     for seed in seeds {
         let outcome = run(seed, options);
         assert!(

@@ -33,7 +33,7 @@ use tokio::time::Instant;
 
 use super::{hold, Spec};
 pub(crate) use memory::Semaphores;
-use memory::{Entry, Memory};
+use memory::{Entry, Memory, Tried};
 
 mod memory;
 use crate::error::{Error, Result};
@@ -305,15 +305,6 @@ fn past_quiet(
 /// attempt.
 fn room_for_a_try(left: Duration) -> bool {
     left >= crate::retry::MIN_ATTEMPT * 2
-}
-
-/// The permits a round tried, each with the count of its client's
-/// releases on the semaphore (`count`, when it has a line) as its last
-/// attempt went.
-#[derive(Default)]
-struct Tried {
-    count: Option<tokio::sync::watch::Receiver<u64>>,
-    permits: Vec<(u32, u64)>,
 }
 
 /// One round: `per_round` permits, those this client freed itself first,

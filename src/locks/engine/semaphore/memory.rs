@@ -74,6 +74,15 @@ impl Entry {
     }
 }
 
+/// The permits a round tried, each with the count of its client's
+/// releases on the semaphore (`count`, when it has a line) as its last
+/// attempt went.
+#[derive(Default)]
+pub(super) struct Tried {
+    pub(super) count: Option<tokio::sync::watch::Receiver<u64>>,
+    pub(super) permits: Vec<(u32, u64)>,
+}
+
 type Line = Arc<Entry>;
 
 /// The semaphores of one client: name and count → what it remembers.
