@@ -380,27 +380,16 @@ async fn an_unreadable_grant_is_retried_and_recovered() {
 /// be a second retry; found by the simulation's kept minimums, seed 166).
 #[tokio::test]
 async fn a_release_before_the_retry_does_not_hurry_the_try_after_its_503() {
-    use std::sync::{Arc, Mutex};
-    use wiremock::matchers::method;
-    use wiremock::{Mock, Request, Respond, ResponseTemplate};
-    struct Posts(Arc<Mutex<Vec<tokio::time::Instant>>>);
-    impl Respond for Posts {
-        fn respond(&self, _: &Request) -> ResponseTemplate {
-            let mut seen = self.0.lock().unwrap();
-            seen.push(tokio::time::Instant::now());
-            let gateway = ResponseTemplate::new(503).set_body_string("<html>upstream</html>");
-            match seen.len() {
-                1 => lease_body(201, 1),
-                2 => gateway.set_delay(Duration::from_millis(300)),
-                3 => gateway,
-                _ => error_body(409, "Lock is held", Some("lock_held")),
-            }
-        }
-    }
+    let posts = InTurn::new(|n| match n {
+        1 => lease_body(201, 1),
+        2 => gateway_page().set_delay(Duration::from_millis(300)),
+        3 => gateway_page(),
+        _ => error_body(409, "Lock is held", Some("lock_held")),
+    });
+    let arrived = posts.arrived.clone();
     let wire = server().await;
-    let posts = Arc::new(Mutex::new(Vec::new()));
     Mock::given(method("POST"))
-        .respond_with(Posts(posts.clone()))
+        .respond_with(posts)
         .mount(&wire)
         .await;
     Mock::given(method("DELETE"))
@@ -421,7 +410,7 @@ async fn a_release_before_the_retry_does_not_hurry_the_try_after_its_503() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     locks.release(&held).await.unwrap();
     assert!(waiter.await.unwrap().unwrap_err().is_lock_held());
-    let seen = posts.lock().unwrap().clone();
+    let seen = arrived.lock().unwrap().clone();
     assert!(seen.len() >= 4, "{} acquires", seen.len());
     let pause = seen[3] - seen[2];
     assert!(

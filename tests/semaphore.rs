@@ -615,44 +615,28 @@ async fn a_bad_max_hold_is_refused_without_waiting_in_line() {
 #[tokio::test]
 async fn a_release_of_its_own_undo_before_a_retry_does_not_hurry_the_wait() {
     use wiremock::matchers::method;
-    use wiremock::{Mock, Request, Respond, ResponseTemplate};
-    /// When each acquire arrived; the answers of the seed's story.
-    struct Posts(Arc<Mutex<Vec<tokio::time::Instant>>>);
-    impl Respond for Posts {
-        fn respond(&self, _: &Request) -> ResponseTemplate {
-            let mut seen = self.0.lock().unwrap();
-            seen.push(tokio::time::Instant::now());
-            let gateway = ResponseTemplate::new(503).set_body_string("<html>upstream</html>");
-            match seen.len() {
-                1 | 2 => gateway,
-                // The next round's try: in flight while the undo's
-                // release is answered.
-                3 => gateway.set_delay(Duration::from_millis(1_000)),
-                _ => common::error_body(409, "Lock is held", Some("lock_held")),
-            }
-        }
-    }
-    /// The undo's first release freed the permit (answered late); any
-    /// later one finds it another's.
-    struct Deletes(Arc<Mutex<usize>>);
-    impl Respond for Deletes {
-        fn respond(&self, _: &Request) -> ResponseTemplate {
-            let mut n = self.0.lock().unwrap();
-            *n += 1;
-            match *n {
-                1 => ResponseTemplate::new(204).set_delay(Duration::from_millis(800)),
-                _ => common::error_body(409, "Lock is held", Some("lock_held")),
-            }
-        }
-    }
+    use wiremock::{Mock, ResponseTemplate};
+    let posts = common::InTurn::new(|n| match n {
+        1 | 2 => common::gateway_page(),
+        // The next round's try: in flight while the undo's release is
+        // answered.
+        3 => common::gateway_page().set_delay(Duration::from_millis(1_000)),
+        _ => common::error_body(409, "Lock is held", Some("lock_held")),
+    });
+    let arrived = posts.arrived.clone();
+    // The undo's first release freed the permit (answered late); any
+    // later one finds it another's.
+    let deletes = common::InTurn::new(|n| match n {
+        1 => ResponseTemplate::new(204).set_delay(Duration::from_millis(800)),
+        _ => common::error_body(409, "Lock is held", Some("lock_held")),
+    });
     let wire = common::server().await;
-    let posts = Arc::new(Mutex::new(Vec::new()));
     Mock::given(method("POST"))
-        .respond_with(Posts(posts.clone()))
+        .respond_with(posts)
         .mount(&wire)
         .await;
     Mock::given(method("DELETE"))
-        .respond_with(Deletes(Arc::new(Mutex::new(0))))
+        .respond_with(deletes)
         .mount(&wire)
         .await;
     let client = common::client(&wire.uri());
@@ -663,7 +647,7 @@ async fn a_release_of_its_own_undo_before_a_retry_does_not_hurry_the_wait() {
         .wait(Duration::from_millis(3_000))
         .await;
     assert!(got.is_err(), "{got:?}");
-    let seen = posts.lock().unwrap().clone();
+    let seen = arrived.lock().unwrap().clone();
     assert!(seen.len() >= 5, "{} acquires", seen.len());
     // After the 409 to the second round's retry, 1.5 s into the wait: the
     // ramp's step is 0.45 s, jittered down by a tenth at most.

@@ -209,6 +209,35 @@ impl wiremock::Respond for AdvanceThen {
     }
 }
 
+/// A wiremock responder that answers the n-th request it gets (from 1)
+/// with `answer(n)`, and notes when each came.
+pub(crate) struct InTurn {
+    pub(crate) arrived: Arc<std::sync::Mutex<Vec<tokio::time::Instant>>>,
+    answer: Box<dyn Fn(usize) -> ResponseTemplate + Send + Sync>,
+}
+
+impl InTurn {
+    pub(crate) fn new(answer: impl Fn(usize) -> ResponseTemplate + Send + Sync + 'static) -> Self {
+        InTurn {
+            arrived: Arc::default(),
+            answer: Box::new(answer),
+        }
+    }
+}
+
+impl wiremock::Respond for InTurn {
+    fn respond(&self, _: &wiremock::Request) -> ResponseTemplate {
+        let mut arrived = self.arrived.lock().unwrap();
+        arrived.push(tokio::time::Instant::now());
+        (self.answer)(arrived.len())
+    }
+}
+
+/// A gateway's own 503 page (not the service's envelope).
+pub(crate) fn gateway_page() -> ResponseTemplate {
+    ResponseTemplate::new(503).set_body_string("<html>upstream</html>")
+}
+
 /// A client whose scoped locks use `clock`.
 pub(crate) fn client_with_clock(url: &str, clock: &volcano::LeaseClock) -> Client {
     Client::builder()
