@@ -156,7 +156,9 @@ fn news_to_the_wait(run: &Run<'_>, w: &Wait<'_>, to: Duration) -> bool {
                 && a.key.starts_with(&prefix)
                 && o.status == 204
                 && o.at <= to
-                && o.at > last_tried(&a.key)
+                // (A release answered in the tick its attempt went may
+                // be counted after it: news.)
+                && o.at >= last_tried(&a.key)
         })
     })
 }

@@ -50,12 +50,20 @@ pub(crate) async fn while_waiting<T>(
             tokio::time::sleep(pause).await;
         }
     };
-    tokio::select! {
+    let result = tokio::select! {
         result = wait => result,
         () = status => unreachable!("the status loop never ends"),
+    };
+    if line.clear() {
+        // Cleared on the terminal before the answer is printed there:
+        // standard error is written by a thread of its own, standard
+        // output is not. (Up to a second, off this thread: a stalled
+        // reader holds nothing up for longer.)
+        let drained = || crate::stderr::drain(Duration::from_secs(1));
+        let _ = tokio::task::spawn_blocking(drained).await;
     }
-    // `line` clears what it showed when dropped: here, or when this
-    // future is dropped mid-wait (a signal).
+    result
+    // Dropped mid-wait (a signal), `line` clears what it showed.
 }
 
 /// The status line on standard error; cleared when dropped.
@@ -74,12 +82,19 @@ impl Line {
         ));
         self.shown.set(true);
     }
+
+    /// Clears what it showed; `true` if there was anything.
+    fn clear(&self) -> bool {
+        let shown = self.shown.replace(false);
+        if shown {
+            crate::output::say_raw("\r\x1b[2K");
+        }
+        shown
+    }
 }
 
 impl Drop for Line {
     fn drop(&mut self) {
-        if self.shown.get() {
-            crate::output::say_raw("\r\x1b[2K");
-        }
+        self.clear();
     }
 }

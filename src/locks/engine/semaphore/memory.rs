@@ -64,13 +64,14 @@ impl Entry {
     /// Whether a permit freed since the round began is news to the round
     /// that tried `tried` (each permit with the count of releases when its
     /// last attempt went): freed after that attempt, or not tried. One
-    /// freed before it was tried after it, and found as it was then (a
-    /// try's undo answered before its next round's retry: `volcano-sim
-    /// --permits`, seed 648).
+    /// freed before it was tried after it, and found held then (a try's
+    /// undo answered before its next round's retry: `volcano-sim
+    /// --permits`, seed 648), is forgotten as freed: the next round does
+    /// not try it first again.
     pub(super) fn news_to(&self, tried: &[(u32, u64)]) -> bool {
-        crate::lock_unpoisoned(&self.freed)
-            .iter()
-            .any(|&(i, count)| !tried.iter().any(|&(permit, at)| permit == i && at >= count))
+        let mut freed = crate::lock_unpoisoned(&self.freed);
+        freed.retain(|&(i, count)| !tried.iter().any(|&(permit, at)| permit == i && at >= count));
+        !freed.is_empty()
     }
 }
 
@@ -238,10 +239,13 @@ mod tests {
         semaphores.freed("nightly-report");
         assert!(woken.has_changed().unwrap());
         let count = *woken.borrow_and_update();
-        // Tried after it was freed: no news; before, or not tried: news.
-        assert!(!pool.news_to(&[(1, 0), (2, count)]));
+        // Tried before it was freed, or not tried: news.
         assert!(pool.news_to(&[(2, count - 1)]));
         assert!(pool.news_to(&[(1, count)]));
+        // Tried after: no news, and no longer tried first.
+        assert!(!pool.news_to(&[(1, 0), (2, count)]));
+        assert!(pool.take_freed(&mut Memory::new(4)).is_empty());
+        semaphores.freed("pool:2");
         let mut memory = Memory::new(4);
         memory.seen_held[2] = Some(Instant::now());
         assert_eq!(pool.take_freed(&mut memory), [2]);
