@@ -175,6 +175,41 @@ async fn a_minimum_longer_than_the_maximum_is_refused() {
     assert!(server.requests().is_empty());
 }
 
+/// A minimum as long as `max_hold` is kept to the cap, never past it: the
+/// keeping renewal asks for the cap's whole seconds left (6 s of 6.5 s),
+/// not the minimum's rounded up (7 s).
+#[tokio::test]
+async fn a_keep_never_outlives_max_hold() {
+    const CAP: Duration = Duration::from_millis(6_500);
+    let server = MockServer::start().await;
+    let client = mock_client(&server);
+    let began = server.now();
+    client
+        .locks()
+        .with_lock("report", TTL, |_guard| async { Ok::<_, Error>(()) })
+        .min_hold(CAP)
+        .max_hold(CAP)
+        .await
+        .unwrap();
+    assert_eq!(
+        count(&server, Operation::Renew),
+        1,
+        "{:?}",
+        server.requests()
+    );
+    let lock = server
+        .locks()
+        .into_iter()
+        .find(|l| l.key == "report")
+        .unwrap();
+    let kept = (lock.expires_at - began).to_std().unwrap();
+    assert!(
+        kept >= Duration::from_secs(5) && kept <= CAP,
+        "kept {kept:?} after the job began, under a cap of {CAP:?}"
+    );
+    client.shutdown(Duration::from_secs(5)).await;
+}
+
 /// Another holder took the key while the job ran, unseen by the renewals
 /// (a force release, then an acquire): the keeping renewal is answered
 /// 409, and the outcome says the lock was lost, since when the key was
