@@ -9,12 +9,14 @@ use std::time::Duration;
 use tracing::Instrument;
 
 use super::release::{self, LetGo};
-use super::renewal::{renew_in_window, renew_in_window_for, Counted, Renewal};
+use super::renewal::{renew_in_window, Counted, Renewal};
 use super::state::{MaxHold, State};
 use super::Spec;
 use crate::error::{Error, LockLost, LostReason, Result};
 use crate::locks::{HeldLock, Locks, MinHold};
 use crate::validate;
+
+mod keep;
 
 /// Acquires and keeps `spec`'s key, in `span` (by default a `volcano.hold`
 /// span under the caller's: the renewal task and any background release
@@ -146,6 +148,15 @@ impl Holding {
                 (None, Err(failed)) if taken_by_another(&failed) => {
                     (Some(failed), Ok(()), MinHold::NotKept)
                 }
+                // No keep fitted before the cap any more: released instead
+                // (the release's failure, if it failed, as the cause).
+                (loss, Err(capped)) if capped.reason() == LostReason::MaxHold => {
+                    let released = match capped.cause() {
+                        Some(_) => Err(Error::LockLost(capped)),
+                        None => Ok(()),
+                    };
+                    (loss, released, MinHold::NotKept)
+                }
                 (None, Err(failed)) => {
                     crate::telemetry::min_hold_not_kept();
                     tracing::warn!(
@@ -216,125 +227,6 @@ impl Holding {
                 (Some(lost), Ok(()))
             }
         }
-    }
-
-    /// Ends the hold without a release: one renewal (retried within the
-    /// lease's window, as any renewal) sets the lease's expiry to `time`
-    /// from now, at least the shortest lease (5 s), rounded up to a whole
-    /// second; then nothing runs any more and the service keeps the key
-    /// until that expiry. A lock lost already, or a `time` of zero, is
-    /// released as [`finish`](Self::finish) does. Returns the loss up to
-    /// now, and the keeping renewal's failure (the lease then ends at its
-    /// last expiry, or was taken).
-    pub(crate) async fn keep_for(
-        mut self,
-        time: Duration,
-    ) -> (Option<LockLost>, std::result::Result<(), LockLost>) {
-        let span = self.span.clone();
-        async move {
-            if let Stage::Renewing(renewal) = std::mem::replace(&mut self.stage, Stage::Stopped) {
-                renewal.stop().await;
-            }
-            let state = self.state.clone();
-            state.check();
-            let loss = state.failure();
-            if time.is_zero() || loss.is_some() {
-                let (loss, released) = self.finish_unscoped().await;
-                let released = released.map_err(|err| {
-                    LockLost::new(state.key.clone(), LostReason::Released).with_cause(err)
-                });
-                return (loss, released);
-            }
-            if sabotaged!(MinHoldInProcess) {
-                // The planted bug: the minimum kept by this process alone.
-                let until = state.clock.now().saturating_add(time);
-                let _ = state.sleep_while_held(until).await;
-                let (loss, _) = self.finish_unscoped().await;
-                return (loss, Ok(()));
-            }
-            // Each attempt asks for the time left then: a retry does not
-            // push the expiry past the end.
-            let until = state.clock.now().saturating_add(time);
-            let left = move |state: &State| {
-                let now = state.clock.now();
-                let left = until.saturating_sub(now);
-                let asked = validate::ttl_covering(left);
-                // Not past `max_hold`: its whole seconds left, at most.
-                match state.cap_at().filter(|_| !sabotaged!(KeepPastMaxHold)) {
-                    Some(cap) => asked
-                        .min(Duration::from_secs(cap.saturating_sub(now).as_secs()))
-                        .max(validate::MIN_TTL),
-                    None => asked,
-                }
-            };
-            // A renewal answered with little time left (the short ttl
-            // asked, answered late) still set the expiry: kept.
-            let fence = state.lease().fencing_token();
-            let kept = match renew_in_window_for(&state, &self.locks, &left).await {
-                Err(lost) if lost.reason() == LostReason::NoSafeWindow => Ok(()),
-                other => other,
-            };
-            // Renewed under another fencing token: not the minimum asked
-            // for (kept-minimums seed 152; see `State::taken_again`).
-            let kept = kept.and_then(|()| state.taken_again(fence).map_or(Ok(()), Err));
-            // Nothing is released on drop from here on: the service keeps
-            // the key until the expiry just set (or the last one, if the
-            // renewal could not be made).
-            let _renewing = std::mem::replace(&mut self.stage, Stage::Released);
-            // A try of the acquisition, a renewal abandoned in flight when
-            // the renewal stopped, or the keeping renewal itself when its
-            // answer did not prove it handled, may still land and set the
-            // expiry a whole ttl from then: put it right once none can,
-            // whatever the keeping renewal did.
-            let lease = state.lease();
-            let background = self.locks.client().background();
-            let acquire_late = background.take_late_window(lease.key(), lease.token());
-            let renewal_late = state.renewals_land_by().map(|by| (by, state.ttl));
-            let late_acquire = acquire_late.is_some();
-            let late = match (acquire_late, renewal_late) {
-                (Some((a, a_ttl)), Some((r, r_ttl))) => Some((a.max(r), a_ttl.max(r_ttl))),
-                (one, other) => one.or(other),
-            };
-            let stranger = matches!(&kept, Err(lost) if lost.reason() == LostReason::TakenOver);
-            if stranger {
-                // The keep renewed a lease a late try of the acquire took
-                // once the kept one was gone: nobody's work. Released now,
-                // and again once no late try can land.
-                match late {
-                    Some((land_by, ttl)) => release::undo(&self.locks, lease, land_by, ttl),
-                    None => {
-                        release::sweep(&self.locks, lease, tokio::time::Instant::now(), state.ttl)
-                    }
-                }
-            } else if let Some((land_by, ttl)) = late {
-                let now = state.clock.now();
-                let kept_until = tokio::time::Instant::now() + until.saturating_sub(now);
-                let live_until = tokio::time::Instant::now() + state.deadline().saturating_sub(now);
-                release::kept_sweep(
-                    &self.locks,
-                    lease,
-                    land_by,
-                    ttl,
-                    kept_until,
-                    live_until,
-                    late_acquire,
-                );
-            }
-            match &kept {
-                Ok(()) => {
-                    state.mark(LockLost::new(state.key.clone(), LostReason::Released));
-                    tracing::debug!(
-                        key = %state.key,
-                        kept_for_ms = time.as_millis() as u64,
-                        "lock kept by the service until its minimum's end"
-                    );
-                }
-                Err(lost) => state.mark(lost.clone()),
-            }
-            (None, kept)
-        }
-        .instrument(span)
-        .await
     }
 
     /// Lets go of the latest lease by the one release policy

@@ -30,7 +30,7 @@ use crate::locks::{Locks, RequestOptions};
 use crate::retry;
 use crate::validate;
 
-pub(crate) use late::{kept_sweep, sweep, undo};
+pub(crate) use late::{kept_sweep, sweep, undo, Bounds as KeptBounds};
 
 /// How hard one release tries.
 #[derive(Debug, Clone, Copy)]

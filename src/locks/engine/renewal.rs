@@ -25,16 +25,17 @@ use crate::validate;
 /// would run past the last moment an attempt can still be sent is cut
 /// short, so that attempt is made.
 pub(crate) async fn renew_in_window(state: &State, locks: &Locks) -> Result<(), LockLost> {
-    renew_in_window_for(state, locks, &|state| state.ttl).await
+    renew_in_window_for(state, locks, &|state| Some(state.ttl)).await
 }
 
 /// [`renew_in_window`] asking the service for the ttl `ttl` says when
 /// each attempt is sent (a kept minimum asks for the time left of it, not
-/// the hold's ttl).
+/// the hold's ttl); `None` from it ends the renewal as
+/// [`LostReason::MaxHold`] (no renewal fits before the hold's cap).
 pub(crate) async fn renew_in_window_for(
     state: &State,
     locks: &Locks,
-    ttl: &(dyn Fn(&State) -> Duration + Sync),
+    ttl: &(dyn Fn(&State) -> Option<Duration> + Sync),
 ) -> Result<(), LockLost> {
     let mut retrying = Retrying::new();
     let mut tally = Tally::new(state);
@@ -48,10 +49,14 @@ pub(crate) async fn renew_in_window_for(
             tally.settle("failed");
             return Err(gave_up(&state.key, retrying.last_error.take()));
         }
+        let Some(ttl) = ttl(state) else {
+            tally.settle("failed");
+            return Err(LockLost::new(state.key.clone(), LostReason::MaxHold));
+        };
         let lease = state.lease();
         let request_id = validate::new_uuid();
         tally.sending();
-        let result = send(state, locks, &lease, &request_id, budget, ttl(state)).await;
+        let result = send(state, locks, &lease, &request_id, budget, ttl).await;
         let err = match result {
             Ok(renewed) => {
                 tally.settle("renewed");

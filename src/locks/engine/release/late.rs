@@ -11,7 +11,8 @@ use crate::background::Settled;
 use crate::error::Error;
 use crate::lease::LockLease;
 use crate::locks::Locks;
-use bounds::{back_lands_by, release_again, Act, Bounds, BACK_TIMEOUT};
+pub(crate) use bounds::Bounds;
+use bounds::{back_lands_by, release_again, Act, BACK_TIMEOUT};
 
 mod bounds;
 
@@ -70,18 +71,20 @@ pub(crate) fn sweep(locks: &Locks, lease: LockLease, land_by: Instant, ttl: Dura
 ///   none can land).
 /// - A renewal back that the service cannot be brought to answer, or a
 ///   lease as last measured (`live_until`) that can no longer be renewed:
-///   left until the release at the minimum's end.
+///   left until the release at the minimum's end, and never put off past
+///   it by a retry's pause.
+/// - Under a `max_hold` cap (`cap_until`), a renewal back asks no more
+///   than the cap's whole seconds left, as the keep does.
 pub(crate) fn kept_sweep(
     locks: &Locks,
     lease: LockLease,
-    land_by: Instant,
+    bounds: Bounds,
     ttl: Duration,
-    kept_until: Instant,
-    live_until: Instant,
     acquire_late: bool,
 ) {
-    let live_for = land_by
-        .max(kept_until)
+    let live_for = bounds
+        .land_by
+        .max(bounds.kept_until)
         .saturating_duration_since(Instant::now())
         .saturating_add(ttl);
     spawn(
@@ -93,11 +96,7 @@ pub(crate) fn kept_sweep(
                 locks: task_locks,
                 lease,
                 superseded,
-                bounds: Bounds {
-                    land_by,
-                    kept_until,
-                    live_until,
-                },
+                bounds,
                 ttl,
                 acquire_late,
             };
@@ -171,6 +170,7 @@ impl Kept {
                 // end, where it is released.
                 Back::Unanswered => {
                     self.bounds.live_until = Instant::now();
+                    self.bounds.floor_until = self.bounds.live_until;
                 }
             }
         }
@@ -187,26 +187,26 @@ impl Kept {
     }
 
     /// A renewal back to the minimum's end (retried twice on a transient
-    /// failure).
+    /// failure), each try and pause ending by then: the release at the end
+    /// is never put off by one.
     async fn renew_back(&mut self) -> Back {
-        let options = crate::locks::RequestOptions {
-            timeout: Some(BACK_TIMEOUT),
-            ..Default::default()
-        };
         for pause in [
             Duration::from_secs(1),
             Duration::from_secs(2),
             Duration::ZERO,
         ] {
-            let left = self
-                .bounds
-                .kept_until
-                .saturating_duration_since(Instant::now());
-            if left.is_zero() {
+            // None past the minimum's end, nor past the cap (a retry).
+            let sent = Instant::now();
+            if sent >= self.bounds.kept_until || !self.bounds.fits_the_cap(sent) {
                 return Back::Unanswered;
             }
-            let back = crate::validate::ttl_covering(left);
-            let sent = Instant::now();
+            let back = self.bounds.back(sent);
+            // (Kept-minimums seed 78: two unanswered tries of 3 s put the
+            // release at the end off by 2 s, past the cap.)
+            let options = crate::locks::RequestOptions {
+                timeout: Some(BACK_TIMEOUT.min(self.bounds.kept_until - sent)),
+                ..Default::default()
+            };
             match super::requests::renew(&self.locks, &self.lease, back, &options).await {
                 // A late acquire took the key again after the kept lease
                 // was gone (force-released, say): a lease nobody's work
@@ -215,7 +215,7 @@ impl Kept {
                     return Back::Stranger;
                 }
                 Ok(_) => {
-                    self.bounds.live_until = sent + back;
+                    self.bounds.renewed_back(sent, back);
                     return Back::Kept { sent, back };
                 }
                 Err(Error::Conflict(_)) => return Back::Gone,
@@ -223,7 +223,10 @@ impl Kept {
                     if err.may_land_late() {
                         self.bounds.land_by = self.bounds.land_by.max(back_lands_by(sent));
                     }
-                    tokio::time::sleep(pause).await;
+                    // Not past the minimum's end, where it is released
+                    // (kept-minimums seed 194: 0.7 s past it, and the cap).
+                    tokio::time::sleep_until((Instant::now() + pause).min(self.bounds.kept_until))
+                        .await;
                 }
                 Err(err) => {
                     tracing::warn!(

@@ -16,14 +16,20 @@ pub(super) const REASSERT: Duration = Duration::from_secs(3);
 pub(super) const BACK_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// A kept minimum's instants: until a late request may land (`land_by`),
-/// the minimum's end (`kept_until`), and the lease's expiry as last
-/// measured (`live_until`). The fix-up's decisions on them, each a pure
-/// function (unit-tested at its edges).
+/// the minimum's end (`kept_until`), the lease's expiry as last measured
+/// (`live_until`), the earliest it may lapse, a late request that may have
+/// landed since counted (`floor_until`: one sets the expiry at least the
+/// shortest lease from when it lands), and the hold's `max_hold` cap, if
+/// it has one (`cap_until`, no earlier than the minimum's end but for the
+/// moment between the two readings). The fix-up's decisions on them, each
+/// a pure function (unit-tested at its edges).
 #[derive(Clone, Copy, Debug)]
-pub(super) struct Bounds {
-    pub(super) land_by: Instant,
-    pub(super) kept_until: Instant,
-    pub(super) live_until: Instant,
+pub(crate) struct Bounds {
+    pub(crate) land_by: Instant,
+    pub(crate) kept_until: Instant,
+    pub(crate) live_until: Instant,
+    pub(crate) floor_until: Instant,
+    pub(crate) cap_until: Option<Instant>,
 }
 
 /// What the fix-up does at a wake before the minimum's end.
@@ -53,13 +59,16 @@ impl Bounds {
 
     /// What to do at a wake at `now`, before the minimum's end. With less
     /// than the shortest lease (5 s) left, no renewal back (it would reach
-    /// past the end) unless the lease may lapse before it; one that can no
-    /// longer be renewed (within the safety margin of its expiry) is left
-    /// to the release at the end.
+    /// past the end) unless the lease may lapse before it (a late request
+    /// landed since the last renewal back counted: 16-client kept-minimums
+    /// seed 82, a late acquire's 5 s lease 1.3 s short of the end); one
+    /// that can no longer be renewed (within the safety margin of its
+    /// expiry) is left to the release at the end.
     pub(super) fn act(&self, now: Instant) -> Act {
-        let renewable = now + crate::retry::renewal::SAFETY_MARGIN < self.live_until;
+        let renewable =
+            now + crate::retry::renewal::SAFETY_MARGIN < self.live_until && self.fits_the_cap(now);
         if self.kept_until.saturating_duration_since(now) < crate::validate::MIN_TTL {
-            if renewable && self.live_until < self.kept_until {
+            if renewable && self.floor_until < self.kept_until {
                 Act::RenewBackThenEnd
             } else {
                 Act::AtTheEnd
@@ -78,6 +87,45 @@ impl Bounds {
     /// reaches past it; then the release at the end).
     pub(super) fn put_right_by(&self, sent: Instant, back: Duration) -> bool {
         sent >= self.land_by && sent + back <= self.kept_until + Duration::from_secs(1)
+    }
+
+    /// Whether a renewal back sent at `now` ends by the cap, if there is
+    /// one: the shortest lease (5 s) fits in what is left of it. One that
+    /// does not is not sent, even to keep the lease from lapsing before
+    /// the minimum's end: the cap comes first (kept-minimums seed 861: a
+    /// renewal back of 5 s with 2.9 s of the cap left, its host crashed
+    /// before the release at the end).
+    pub(super) fn fits_the_cap(&self, now: Instant) -> bool {
+        self.cap_until
+            .is_none_or(|cap| now + crate::validate::MIN_TTL <= cap)
+    }
+
+    /// The ttl of a renewal back sent at `now`: to the minimum's end,
+    /// rounded up to a whole second (never under the shortest lease), but
+    /// no more than the cap's whole seconds left: a renewal back never
+    /// reaches past `max_hold` (kept-minimums seed 107: a second past it).
+    pub(super) fn back(&self, now: Instant) -> Duration {
+        let back = crate::validate::ttl_covering(self.kept_until.saturating_duration_since(now));
+        match self.cap_until {
+            Some(cap) => back
+                .min(Duration::from_secs(
+                    cap.saturating_duration_since(now).as_secs(),
+                ))
+                .max(crate::validate::MIN_TTL),
+            None => back,
+        }
+    }
+
+    /// A renewal back sent at `sent` for `back` was answered: the lease
+    /// lives until `sent + back`, or, if a late request may land after it,
+    /// at least the shortest lease from `sent`.
+    pub(super) fn renewed_back(&mut self, sent: Instant, back: Duration) {
+        self.live_until = sent + back;
+        self.floor_until = if sent < self.land_by {
+            self.live_until.min(sent + crate::validate::MIN_TTL)
+        } else {
+            self.live_until
+        };
     }
 
     /// Whether a late acquire may still take the key again at `now`.
@@ -121,7 +169,79 @@ mod tests {
             land_by: now + ms(7_000),
             kept_until: now + ms(20_000),
             live_until: now + ms(20_000),
+            floor_until: now + ms(20_000),
+            cap_until: None,
         }
+    }
+
+    #[test]
+    fn a_late_request_that_may_have_landed_since_the_last_renewal_back_may_cut_the_lease_short() {
+        let now = Instant::now();
+        let mut b = bounds(now);
+        // Back to the end while a late request may still land: it may
+        // set the expiry the shortest lease from when it lands.
+        b.renewed_back(now + ms(1_000), ms(19_000));
+        assert_eq!(b.live_until, b.kept_until);
+        assert_eq!(b.floor_until, now + ms(6_000));
+        // With less than the shortest lease left: kept live, then the end.
+        let late = b.kept_until - ms(4_000);
+        assert_eq!(b.act(late), Act::RenewBackThenEnd);
+        // Once none can land, the lease is what the renewal back made it.
+        b.renewed_back(b.land_by, ms(13_000));
+        assert_eq!(b.floor_until, b.live_until);
+        assert_eq!(b.act(late), Act::AtTheEnd);
+    }
+
+    #[test]
+    fn a_renewal_back_reaches_the_minimums_end_and_never_past_the_cap() {
+        let now = Instant::now();
+        let b = bounds(now);
+        // To the end, rounded up to a whole second.
+        assert_eq!(b.back(now), ms(20_000));
+        assert_eq!(b.back(now + ms(1)), ms(20_000));
+        assert_eq!(b.back(now + ms(1_000)), ms(19_000));
+        // Never under the shortest lease.
+        assert_eq!(b.back(b.kept_until - ms(1_500)), ms(5_000));
+        // A cap at the minimum's end: its whole seconds left, no more.
+        let capped = |cap: Instant| Bounds {
+            cap_until: Some(cap),
+            ..b
+        };
+        let at_end = capped(b.kept_until);
+        assert_eq!(at_end.back(now), ms(20_000));
+        assert_eq!(at_end.back(now + ms(1)), ms(19_000));
+        assert_eq!(at_end.back(now + ms(1_999)), ms(18_000));
+        // A cap half a second later: still not past it.
+        assert_eq!(capped(b.kept_until + ms(500)).back(now + ms(1)), ms(20_000));
+        assert_eq!(
+            capped(b.kept_until + ms(500)).back(now + ms(600)),
+            ms(19_000)
+        );
+        // A cap two seconds later: the end, rounded up.
+        assert_eq!(
+            capped(b.kept_until + ms(2_000)).back(now + ms(1)),
+            ms(20_000)
+        );
+        // With less than the shortest lease left of the cap, none is sent:
+        // released at the end, even if the lease may lapse first.
+        let late = b.kept_until - ms(4_999);
+        assert!(at_end.fits_the_cap(b.kept_until - ms(5_000)));
+        assert!(!at_end.fits_the_cap(late));
+        let lapsing = Bounds {
+            live_until: b.kept_until - ms(1),
+            floor_until: b.kept_until - ms(1),
+            ..at_end
+        };
+        assert_eq!(lapsing.act(late), Act::AtTheEnd);
+        assert_eq!(
+            Bounds {
+                cap_until: None,
+                ..lapsing
+            }
+            .act(late),
+            Act::RenewBackThenEnd
+        );
+        assert_eq!(lapsing.act(b.kept_until - ms(5_000)), Act::RenewBack);
     }
 
     #[test]
@@ -160,7 +280,11 @@ mod tests {
         let late = b.kept_until - ms(4_999);
         assert_eq!(b.act(late), Act::AtTheEnd);
         // ... kept live first if it lapses sooner (not at the end exactly).
-        let measured = |live_until: Instant| Bounds { live_until, ..b };
+        let measured = |live_until: Instant| Bounds {
+            live_until,
+            floor_until: live_until,
+            ..b
+        };
         assert_eq!(
             measured(b.kept_until - ms(1)).act(late),
             Act::RenewBackThenEnd
