@@ -481,9 +481,21 @@ fn finds_a_kept_minimum_released_by_its_fix_up() {
     assert!(found.is_some(), "not found within {FIND_WITHIN} seeds");
 }
 
+/// In kept minimums in depth, half of them under a cap: found at seed 5
+/// (in the default mix, where few minimums have a cap, at seed 98).
 #[test]
 fn finds_a_keep_past_max_hold() {
-    let found = first_with(Sabotage::KeepPastMaxHold, "min_hold past max_hold");
+    let options = Options {
+        sabotage: Sabotage::KeepPastMaxHold,
+        depth: Depth::KeptMinimums,
+        ..Options::default()
+    };
+    let found = (0..FIND_WITHIN).find(|seed| {
+        run(*seed, &options)
+            .violations
+            .iter()
+            .any(|v| v.contains("min_hold past max_hold"))
+    });
     assert!(found.is_some(), "not found within {FIND_WITHIN} seeds");
 }
 

@@ -63,7 +63,18 @@ impl Ctx {
         // Those that end on a renewal held on its way
         // ([`Ctx::end_on_a_held_renewal`], the same bit) keep 10 s more:
         // the renewal's window then closes before the minimum's end.
-        let min_hold = if self.kept_minimums() {
+        // Kept minimums in depth: half of them under a cap (`max_hold`)
+        // as long as the minimum or up to 2 s longer
+        // (`check::minimum::kept_within_the_cap`). Half of those end on a
+        // renewal held on its way (as every other kept minimum does), so
+        // that the fix-up's renewals back reach to the cap's edge; in the
+        // others the minimum ends 1 s to 7 s after the work, so that the
+        // job often ends with less than the shortest lease left of the cap
+        // (the keep must then release).
+        let capped = self.kept_minimums() && one_in(coin.rotate_left(29), 2);
+        let min_hold = if capped && !one_in(coin >> 46, 2) {
+            Some(work + Duration::from_millis(1_000 + coin.rotate_left(37) % 6_000))
+        } else if self.kept_minimums() {
             Some(Duration::from_millis(1_000 + (coin >> 40) % 18_000))
         } else {
             min_hold_for(coin)
@@ -76,16 +87,19 @@ impl Ctx {
                     }
                 })
         };
+        let cap = min_hold
+            .filter(|_| capped)
+            .map(|min| min + Duration::from_secs(coin.rotate_left(31) % 3));
         if self.kept_minimums() && one_in(coin >> 33, 3) {
             self.acquire_late(key, coin);
         }
-        match self.shaped_hold(key, ttl, wait, coin, min_hold).await {
+        match self.shaped_hold(key, ttl, wait, coin, min_hold, cap).await {
             Ok(held) => match min_hold {
                 Some(min) => {
                     let began = self.clock.now();
                     let ended = self.believe(&held);
                     self.work(&[&*held], work).await;
-                    self.let_go_after(held, min, began, coin).await;
+                    self.let_go_after(held, (min, cap), began, coin).await;
                     ended.await;
                 }
                 None => self.use_held(held, work, coin).await,
@@ -223,6 +237,7 @@ impl Ctx {
         wait: Duration,
         coin: u64,
         min_hold: Option<Duration>,
+        cap: Option<Duration>,
     ) -> volcano::Result<volcano::HeldLock> {
         let mut hold = self
             .locks
@@ -230,8 +245,8 @@ impl Ctx {
             .wait(wait)
             .poll_interval(poll_for(coin));
         match min_hold {
-            // A minimum is at most the cap: none with it.
-            Some(min) => hold = hold.min_hold(min),
+            // A minimum is at most the cap.
+            Some(min) => hold = hold.min_hold(min).set_max_hold(cap),
             None if one_in(coin, 5) => hold = hold.max_hold(max_hold_for(coin)),
             None => {}
         }

@@ -168,6 +168,18 @@ pub(crate) fn undone(run: &Run<'_>, out: &mut Vec<String>) -> Late {
         if refused {
             continue;
         }
+        // A try applied beyond every window of an acquire whose lease
+        // the program had (a kept minimum, say, force-released since, whose
+        // fix-up saw no late try could land): nothing was the SDK's to
+        // undo (kept-minimums seed 637).
+        let token_learned = first
+            .token
+            .as_deref()
+            .is_some_and(|t| learned_tokens.contains(t));
+        if undoing.is_empty() && token_learned && u.beyond_bound() {
+            late.beyond_bound += 1;
+            continue;
+        }
         if undoing.is_empty() {
             let retry = if after_a_409 {
                 " (a later attempt of it was answered 409 before this try was applied)"
@@ -210,10 +222,6 @@ pub(crate) fn undone(run: &Run<'_>, out: &mut Vec<String>) -> Late {
             late.beyond_bound += 1;
             continue;
         }
-        let token_learned = first
-            .token
-            .as_deref()
-            .is_some_and(|t| learned_tokens.contains(t));
         let what = if token_learned {
             "released too soon: a try of an acquire whose lease it had already learned of and \
              released"

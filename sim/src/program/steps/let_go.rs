@@ -11,15 +11,15 @@ use crate::program::op::one_in;
 use volcano::{HeldLock, LostReason, MinHold};
 
 impl Ctx {
-    /// Lets go of a lock held with a minimum hold of `min` since `began`
-    /// (its host's clock): a third of the time `release_now()` (released
-    /// at once, nothing kept); else `release()`, which hands what is left
-    /// of the minimum to the service (logged as a scope's minimum is, for
-    /// the same checks).
+    /// Lets go of a lock held with a minimum hold of `min` (under a cap,
+    /// `max_hold`, if one is given) since `began` (its host's clock): a
+    /// third of the time `release_now()` (released at once, nothing
+    /// kept); else `release()`, which hands what is left of the minimum to
+    /// the service (logged as a scope's minimum is, for the same checks).
     pub(super) async fn let_go_after(
         &self,
         held: HeldLock,
-        min: Duration,
+        (min, cap): (Duration, Option<Duration>),
         began: Duration,
         coin: u64,
     ) {
@@ -29,7 +29,10 @@ impl Ctx {
             return self.released(&key, released);
         }
         let guard = (*held).clone();
-        let late_renewal = one_in(coin >> 46, 2) || self.kept_minimums();
+        // (Under a cap, half the time, the same bit as the minimum's
+        // length in `hold_and_use`: a late window's fix-up releases at the
+        // minimum's end, and would hide a keep past the cap.)
+        let late_renewal = one_in(coin >> 46, 2) || (self.kept_minimums() && cap.is_none());
         if late_renewal {
             self.end_on_a_held_renewal(&key, guard.ttl(), coin).await;
         }
@@ -42,8 +45,19 @@ impl Ctx {
                 key: key.clone(),
                 fence,
                 left,
-                capped: false,
+                capped: cap.is_some(),
             });
+            if let Some(cap) = cap {
+                // The cap counts from the hand-over, before `began`.
+                let now = turmoil::sim_elapsed().unwrap_or_default();
+                let on_host = self.clock.now().saturating_sub(began);
+                self.log.push(Event::KeepCapped {
+                    client: self.id,
+                    key: key.clone(),
+                    fence,
+                    cap_until: now.saturating_sub(on_host) + cap,
+                });
+            }
         }
         // What the SDK says became of the minimum: judged against the
         // service's journal (`check::minimum`).
@@ -90,16 +104,17 @@ impl Ctx {
 
     /// Troubles a kept minimum's fix-up (`release/late.rs`, `Kept`: its
     /// renewals back to the minimum's end while the held renewal may land)
-    /// in seven of eight: its next renewals back answered 503 or 429 (tried
+    /// in eight of nine: its next renewals back answered 503 or 429 (tried
     /// again), a gateway's 504 whose renewal is applied later (its window
     /// then counts too), refused with 403 (not tried again), the key taken
     /// by hand meanwhile (a force release, and another token's acquire or
-    /// not: a late acquire may then take it again), or every try of a
+    /// not: a late acquire may then take it again), every try of a
     /// renewal back answered 503 (unanswered: released at the minimum's
-    /// end).
+    /// end), or two held past their timeout (unanswered, applied late: the
+    /// tries and their pauses must not put the release at the end off).
     async fn trouble_the_fix_up(&self, key: &str, ttl: Duration, coin: u64) {
         use volcano_mock_server::{Fault, Operation};
-        let pick = (coin.rotate_left(23) ^ (coin >> 7)) % 8;
+        let pick = (coin.rotate_left(23) ^ (coin >> 7)) % 9;
         let later = Duration::from_millis(1_000 + (coin >> 13) % 2_000);
         let (fault, what) = match pick {
             0 => (Some(Fault::status(503).times(2)), "503 x2".to_owned()),
@@ -112,6 +127,10 @@ impl Ctx {
             4 => (None, format!("taken over by hand after {later:?}")),
             5 => (Some(Fault::status(503).times(3)), "503 x3".to_owned()),
             6 => (None, format!("force-released by hand after {later:?}")),
+            7 => (
+                Some(Fault::delay(Duration::from_millis(3_500)).times(2)),
+                "two renewals back held 3.5 s".to_owned(),
+            ),
             _ => return,
         };
         self.log.push(Event::Fault {

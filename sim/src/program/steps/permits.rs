@@ -345,7 +345,7 @@ impl Ctx {
         let began = self.clock.now();
         let ended = self.believe(&held);
         self.work(&[&*held], work).await;
-        self.let_go_after(held, min, began, coin).await;
+        self.let_go_after(held, (min, None), began, coin).await;
         ended.await;
     }
 }
