@@ -53,6 +53,17 @@ pub(crate) fn ttl_covering(d: Duration) -> Duration {
     Duration::from_secs(d.as_secs() + u64::from(d.subsec_nanos() > 0)).clamp(MIN_TTL, MAX_TTL)
 }
 
+/// `asked` under a `max_hold` cap with `cap_left` of it (if any): at most
+/// the cap's whole seconds left, and none (`None`) once less than the
+/// shortest lease is left of it, since any renewal would reach past it (a
+/// kept minimum's keep, and the renewals back that put it right).
+pub(crate) fn ttl_under_cap(asked: Duration, cap_left: Option<Duration>) -> Option<Duration> {
+    match cap_left.map(|left| Duration::from_secs(left.as_secs())) {
+        Some(whole) => (whole >= MIN_TTL).then(|| asked.min(whole)),
+        None => Some(asked),
+    }
+}
+
 /// A duration as a person writes it: `0 s`, `4 s`, `1.5 s`, `0.25 s`.
 pub(crate) fn seconds(d: Duration) -> String {
     if d.subsec_nanos() == 0 {

@@ -23,6 +23,16 @@ fn count(server: &MockServer, operation: Operation) -> usize {
         .count()
 }
 
+/// How long after `began` the lease of "report" expires on the server.
+fn kept_since(server: &MockServer, began: chrono::DateTime<chrono::Utc>) -> Duration {
+    let lock = server
+        .locks()
+        .into_iter()
+        .find(|l| l.key == "report")
+        .unwrap();
+    (lock.expires_at - began).to_std().unwrap()
+}
+
 /// A second worker's try: whether it ran.
 async fn another_runs(server: &MockServer) -> bool {
     let other = mock_client(server);
@@ -70,12 +80,7 @@ async fn a_job_that_ends_early_returns_and_the_service_keeps_the_key() {
         server.requests()
     );
     assert_eq!(count(&server, Operation::Release), 0, "nothing released");
-    let lock = server
-        .locks()
-        .into_iter()
-        .find(|l| l.key == "report")
-        .unwrap();
-    let kept = (lock.expires_at - began).to_std().unwrap();
+    let kept = kept_since(&server, began);
     assert!(
         kept >= MINIMUM && kept <= MINIMUM + Duration::from_secs(2),
         "kept {kept:?} after the job began"
@@ -197,12 +202,7 @@ async fn a_keep_never_outlives_max_hold() {
         "{:?}",
         server.requests()
     );
-    let lock = server
-        .locks()
-        .into_iter()
-        .find(|l| l.key == "report")
-        .unwrap();
-    let kept = (lock.expires_at - began).to_std().unwrap();
+    let kept = kept_since(&server, began);
     assert!(
         kept >= Duration::from_secs(5) && kept <= CAP,
         "kept {kept:?} after the job began, under a cap of {CAP:?}"

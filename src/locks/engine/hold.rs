@@ -150,12 +150,12 @@ impl Holding {
                 }
                 // No keep fitted before the cap any more: released instead
                 // (the release's failure, if it failed, as the cause).
-                (loss, Err(capped)) if capped.reason() == LostReason::MaxHold => {
+                (None, Err(capped)) if capped.reason() == LostReason::MaxHold => {
                     let released = match capped.cause() {
                         Some(_) => Err(Error::LockLost(capped)),
                         None => Ok(()),
                     };
-                    (loss, released, MinHold::NotKept)
+                    (None, released, MinHold::NotKept)
                 }
                 (None, Err(failed)) => {
                     crate::telemetry::min_hold_not_kept();

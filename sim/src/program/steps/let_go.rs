@@ -40,24 +40,7 @@ impl Ctx {
         let left = (began + min).saturating_sub(self.clock.now());
         let asked = !left.is_zero() && !guard.is_lost();
         if asked {
-            self.log.push(Event::MinimumAsked {
-                client: self.id,
-                key: key.clone(),
-                fence,
-                left,
-                capped: cap.is_some(),
-            });
-            if let Some(cap) = cap {
-                // The cap counts from the hand-over, before `began`.
-                let now = turmoil::sim_elapsed().unwrap_or_default();
-                let on_host = self.clock.now().saturating_sub(began);
-                self.log.push(Event::KeepCapped {
-                    client: self.id,
-                    key: key.clone(),
-                    fence,
-                    cap_until: now.saturating_sub(on_host) + cap,
-                });
-            }
+            self.minimum_asked(&key, fence, (left, cap), began);
         }
         // What the SDK says became of the minimum: judged against the
         // service's journal (`check::minimum`).
@@ -99,6 +82,36 @@ impl Ctx {
         }
         if late_renewal && kept {
             self.trouble_the_fix_up(&key, guard.ttl(), coin).await;
+        }
+    }
+
+    /// Logs a minimum asked of the service with `left` of it (and, under
+    /// a `cap`, when the cap ends: it counts from the hand-over, before
+    /// `began`, the host's reading when the work began, so this end is no
+    /// earlier than the SDK's).
+    pub(super) fn minimum_asked(
+        &self,
+        key: &str,
+        fence: i64,
+        (left, cap): (Duration, Option<Duration>),
+        began: Duration,
+    ) {
+        self.log.push(Event::MinimumAsked {
+            client: self.id,
+            key: key.to_owned(),
+            fence,
+            left,
+            capped: cap.is_some(),
+        });
+        if let Some(cap) = cap {
+            let now = turmoil::sim_elapsed().unwrap_or_default();
+            let on_host = self.clock.now().saturating_sub(began);
+            self.log.push(Event::KeepCapped {
+                client: self.id,
+                key: key.to_owned(),
+                fence,
+                cap_until: now.saturating_sub(on_host) + cap,
+            });
         }
     }
 

@@ -40,25 +40,9 @@ impl Ctx {
             if let Some(min) = min_hold.filter(|_| !guard.is_lost()) {
                 let left = (began + min).saturating_sub(self.clock.now());
                 if !left.is_zero() {
-                    self.log.push(Event::MinimumAsked {
-                        client: self.id,
-                        key: key.to_owned(),
-                        fence: guard.lease().fencing_token(),
-                        left,
-                        capped,
-                    });
-                    if let Some(cap) = cap.filter(|_| capped) {
-                        // The cap counts from the hand-over, before the
-                        // closure began: this end is no earlier than it.
-                        let now = turmoil::sim_elapsed().unwrap_or_default();
-                        let on_host = self.clock.now().saturating_sub(began);
-                        self.log.push(Event::KeepCapped {
-                            client: self.id,
-                            key: key.to_owned(),
-                            fence: guard.lease().fencing_token(),
-                            cap_until: now.saturating_sub(on_host) + cap,
-                        });
-                    }
+                    let fence = guard.lease().fencing_token();
+                    let cap = cap.filter(|_| capped);
+                    self.minimum_asked(key, fence, (left, cap), began);
                 }
             }
             returned.send_replace(Some((!guard.is_lost()).then(|| guard.clone())));

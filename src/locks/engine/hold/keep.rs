@@ -53,16 +53,10 @@ impl Holding {
             let left = move |state: &State| {
                 let now = state.clock.now();
                 let left = until.saturating_sub(now);
-                let asked = validate::ttl_covering(left);
-                // Not past `max_hold`: its whole seconds left, at most; none
-                // once less than the shortest lease is left of it.
-                match state.cap_at().filter(|_| !sabotaged!(KeepPastMaxHold)) {
-                    Some(cap) => {
-                        let whole = Duration::from_secs(cap.saturating_sub(now).as_secs());
-                        (whole >= validate::MIN_TTL).then(|| asked.min(whole))
-                    }
-                    None => Some(asked),
-                }
+                // Not past `max_hold`.
+                let cap = state.cap_at().filter(|_| !sabotaged!(KeepPastMaxHold));
+                let cap_left = cap.map(|cap| cap.saturating_sub(now));
+                validate::ttl_under_cap(validate::ttl_covering(left), cap_left)
             };
             // A renewal answered with little time left (the short ttl
             // asked, answered late) still set the expiry: kept.

@@ -197,10 +197,13 @@ impl Kept {
         ] {
             // None past the minimum's end, nor past the cap (a retry).
             let sent = Instant::now();
-            if sent >= self.bounds.kept_until || !self.bounds.fits_the_cap(sent) {
+            let back = self
+                .bounds
+                .back(sent)
+                .filter(|_| sent < self.bounds.kept_until);
+            let Some(back) = back else {
                 return Back::Unanswered;
-            }
-            let back = self.bounds.back(sent);
+            };
             // (Kept-minimums seed 78: two unanswered tries of 3 s put the
             // release at the end off by 2 s, past the cap.)
             let options = crate::locks::RequestOptions {

@@ -96,24 +96,19 @@ impl Bounds {
     /// renewal back of 5 s with 2.9 s of the cap left, its host crashed
     /// before the release at the end).
     pub(super) fn fits_the_cap(&self, now: Instant) -> bool {
-        self.cap_until
-            .is_none_or(|cap| now + crate::validate::MIN_TTL <= cap)
+        self.back(now).is_some()
     }
 
     /// The ttl of a renewal back sent at `now`: to the minimum's end,
     /// rounded up to a whole second (never under the shortest lease), but
-    /// no more than the cap's whole seconds left: a renewal back never
-    /// reaches past `max_hold` (kept-minimums seed 107: a second past it).
-    pub(super) fn back(&self, now: Instant) -> Duration {
+    /// no more than the cap's whole seconds left, as the keep asks
+    /// ([`crate::validate::ttl_under_cap`]): a renewal back never reaches
+    /// past `max_hold` (kept-minimums seed 107: a second past it). `None`
+    /// when it does not fit the cap.
+    pub(super) fn back(&self, now: Instant) -> Option<Duration> {
         let back = crate::validate::ttl_covering(self.kept_until.saturating_duration_since(now));
-        match self.cap_until {
-            Some(cap) => back
-                .min(Duration::from_secs(
-                    cap.saturating_duration_since(now).as_secs(),
-                ))
-                .max(crate::validate::MIN_TTL),
-            None => back,
-        }
+        let cap_left = self.cap_until.map(|cap| cap.saturating_duration_since(now));
+        crate::validate::ttl_under_cap(back, cap_left)
     }
 
     /// A renewal back sent at `sent` for `back` was answered: the lease
@@ -197,30 +192,33 @@ mod tests {
         let now = Instant::now();
         let b = bounds(now);
         // To the end, rounded up to a whole second.
-        assert_eq!(b.back(now), ms(20_000));
-        assert_eq!(b.back(now + ms(1)), ms(20_000));
-        assert_eq!(b.back(now + ms(1_000)), ms(19_000));
+        assert_eq!(b.back(now), Some(ms(20_000)));
+        assert_eq!(b.back(now + ms(1)), Some(ms(20_000)));
+        assert_eq!(b.back(now + ms(1_000)), Some(ms(19_000)));
         // Never under the shortest lease.
-        assert_eq!(b.back(b.kept_until - ms(1_500)), ms(5_000));
+        assert_eq!(b.back(b.kept_until - ms(1_500)), Some(ms(5_000)));
         // A cap at the minimum's end: its whole seconds left, no more.
         let capped = |cap: Instant| Bounds {
             cap_until: Some(cap),
             ..b
         };
         let at_end = capped(b.kept_until);
-        assert_eq!(at_end.back(now), ms(20_000));
-        assert_eq!(at_end.back(now + ms(1)), ms(19_000));
-        assert_eq!(at_end.back(now + ms(1_999)), ms(18_000));
+        assert_eq!(at_end.back(now), Some(ms(20_000)));
+        assert_eq!(at_end.back(now + ms(1)), Some(ms(19_000)));
+        assert_eq!(at_end.back(now + ms(1_999)), Some(ms(18_000)));
         // A cap half a second later: still not past it.
-        assert_eq!(capped(b.kept_until + ms(500)).back(now + ms(1)), ms(20_000));
+        assert_eq!(
+            capped(b.kept_until + ms(500)).back(now + ms(1)),
+            Some(ms(20_000))
+        );
         assert_eq!(
             capped(b.kept_until + ms(500)).back(now + ms(600)),
-            ms(19_000)
+            Some(ms(19_000))
         );
         // A cap two seconds later: the end, rounded up.
         assert_eq!(
             capped(b.kept_until + ms(2_000)).back(now + ms(1)),
-            ms(20_000)
+            Some(ms(20_000))
         );
         // With less than the shortest lease left of the cap, none is sent:
         // released at the end, even if the lease may lapse first.
